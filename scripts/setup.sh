@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Installs everything the tests and the demo need on a fresh Debian 12 machine, offline from hex/GitHub:
+# Debian's Elixir/Erlang, two jax[cpu] venvs (FFI 0.2 and 0.3), NVIDIA's pip nvcc, a PJRT CPU plugin.
+# Idempotent: each step is skipped when its result is already there.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+venvs=$root/.venv
+mkdir -p "$venvs"
+
+need_apt=()
+command -v elixir >/dev/null 2>&1 || need_apt+=(elixir)
+dpkg -s erlang-dev >/dev/null 2>&1 || need_apt+=(erlang-dev)
+command -v cc >/dev/null 2>&1 || need_apt+=(gcc)
+if ((${#need_apt[@]})); then
+  echo "setup: apt-get install ${need_apt[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${need_apt[@]}" erlang-nox >/dev/null
+fi
+
+# venv NAME PIP-ARGS...: a Python venv under .venv/NAME with the given packages, made once.
+venv() {
+  local name=$1; shift
+  local dir=$venvs/$name stamp=$venvs/$name/.exla_rs_ok
+  local want="$*"
+  if [[ -f $stamp && $(cat "$stamp") == "$want" ]]; then return; fi
+  echo "setup: venv $name: $want"
+  rm -rf "$dir"
+  python3 -m venv "$dir"
+  "$dir/bin/pip" install -q --disable-pip-version-check "$@"
+  echo "$want" >"$stamp"
+}
+
+venv jax-0.9.0  "jax[cpu]==0.9.0"  "numpy<3" pytest==8.3.5 ml_dtypes
+venv jax-0.10.2 "jax[cpu]==0.10.2" "numpy<3" pytest==8.3.5 ml_dtypes
+# nvcc + cccl: compile every CUDA kernel in CI, with no GPU present. nvvm/crt/runtime are pinned to
+# 13.0 too: unpinned, pip picks 13.5's cicc, whose PTX 9.5 the 13.0 ptxas (and driver 580) refuse.
+venv cuda "nvidia-cuda-nvcc==13.0.88" "nvidia-nvvm==13.0.88" "nvidia-cuda-crt==13.0.88" "nvidia-cuda-runtime==13.0.96" "nvidia-cuda-cccl==13.0.85" "nvidia-cuda-nvrtc==13.0.88"
+# A real XLA CPU PJRT plugin (exports GetPjrtApi, FFI extension) for the NIF registration test.
+venv pjrt "lammps-jax-pjrt-cpu==0.11.2"
+echo "setup: done"

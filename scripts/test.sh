@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Runs every test: Rust unit tests, the C-header layout check, the handlers through two real XLAs
+# (jax 0.9.0 = FFI 0.2, jax 0.10.2 = FFI 0.3), and ExUnit. `.ci/run` calls this.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+./scripts/setup.sh || exit 1
+source scripts/env.sh
+
+results=()
+step() { # step NAME CMD...: runs one suite, records its outcome, keeps going.
+  local name=$1; shift
+  echo; echo "=== $name"
+  if "$@"; then results+=("PASS $name"); else results+=("FAIL $name"); fi
+}
+
+step "cargo build (release)" cargo build --release --manifest-path "$CARGO_MANIFEST" --workspace
+step "cargo test" cargo test --release --manifest-path "$CARGO_MANIFEST" --workspace --exclude exla-rs-nif
+for v in jax-0.9.0 jax-0.10.2; do
+  step "pytest test/xla ($v)" "$EXLA_RS_VENVS/$v/bin/python" -m pytest -q -p no:cacheprovider test/xla
+done
+step "mix test" env MIX_ENV=test mix test
+
+echo; echo "=== summary"
+failed=0
+for r in "${results[@]}"; do echo "$r"; [[ $r == FAIL* ]] && failed=$((failed + 1)); done
+echo "$(( ${#results[@]} - failed )) passed, $failed failed"
+((failed == 0))
