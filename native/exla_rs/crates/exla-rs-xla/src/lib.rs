@@ -1,1 +1,74 @@
-//! placeholder
+//! exla_rs's XLA FFI handlers and the plain handler library `libexla_rs_xla.so`.
+//!
+//! Layers: [`decode`] checks a call frame against the custom-call contract
+//! (`shared/design/flash-attention-contract.md`) and names the offending operand; [`host`] and
+//! [`cuda`] run the validated call on their platform; [`targets`] lists what we register;
+//! [`workspace`] answers `exla_rs_flash_attn_workspace_bytes`. The `#[no_mangle]` exports below
+//! are the library's whole C surface; the NIF links this crate as an rlib and registers the same
+//! functions through [`TARGETS`].
+
+pub mod cuda;
+pub mod decode;
+pub mod host;
+pub mod targets;
+pub mod workspace;
+
+pub use targets::{Target, FFI_API_VERSION, TARGETS};
+pub use workspace::workspace_bytes;
+
+use xla_ffi::sys::{XLA_FFI_CallFrame, XLA_FFI_Error};
+
+/// Flash-attention forward on the Host (CPU) platform.
+///
+/// # Safety
+/// Called by XLA with a valid call frame (or a metadata probe).
+#[no_mangle]
+pub unsafe extern "C" fn exla_rs_flash_attn_fwd_host(frame: *mut XLA_FFI_CallFrame) -> *mut XLA_FFI_Error {
+    host::forward_handler(frame)
+}
+
+/// Flash-attention backward on the Host (CPU) platform.
+///
+/// # Safety
+/// Called by XLA with a valid call frame (or a metadata probe).
+#[no_mangle]
+pub unsafe extern "C" fn exla_rs_flash_attn_bwd_host(frame: *mut XLA_FFI_CallFrame) -> *mut XLA_FFI_Error {
+    host::backward_handler(frame)
+}
+
+/// Flash-attention forward on the CUDA platform.
+///
+/// # Safety
+/// Called by XLA with a valid call frame (or a metadata probe).
+#[no_mangle]
+pub unsafe extern "C" fn exla_rs_flash_attn_fwd_cuda(frame: *mut XLA_FFI_CallFrame) -> *mut XLA_FFI_Error {
+    cuda::forward_handler(frame)
+}
+
+/// Flash-attention backward on the CUDA platform.
+///
+/// # Safety
+/// Called by XLA with a valid call frame (or a metadata probe).
+#[no_mangle]
+pub unsafe extern "C" fn exla_rs_flash_attn_bwd_cuda(frame: *mut XLA_FFI_CallFrame) -> *mut XLA_FFI_Error {
+    cuda::backward_handler(frame)
+}
+
+/// Bytes of the trailing `u8[N]` workspace result a call takes: N > 0, 0 for none, -1 when the
+/// configuration is not supported on that platform. pass: 0 forward, 1 backward; platform:
+/// 0 Host, 1 CUDA; dtype: `XLA_FFI_DataType` code of q/k/v.
+#[no_mangle]
+pub extern "C" fn exla_rs_flash_attn_workspace_bytes(
+    pass: i32,
+    platform: i32,
+    dtype: i32,
+    b: i64,
+    sq: i64,
+    sk: i64,
+    h: i64,
+    hkv: i64,
+    d: i64,
+) -> i64 {
+    // Never unwind into C: a panic here (there should be none) reads as "unsupported".
+    std::panic::catch_unwind(|| workspace_bytes(pass, platform, dtype, b, sq, sk, h, hkv, d)).unwrap_or(-1)
+}

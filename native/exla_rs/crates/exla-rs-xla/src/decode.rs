@@ -1,0 +1,208 @@
+//! Checks one call frame against the custom-call contract and turns it into a validated call.
+//! Every malformed call becomes INVALID_ARGUMENT naming the operand (index and name) and what
+//! was expected; a valid call the platform cannot run becomes UNIMPLEMENTED.
+
+use exla_rs_attn::{AttnError, AttnOptions, AttnShape, ElementType, Pass, Platform};
+use xla_ffi::{Buffer, CallFrame, DataType, ErrorCode, FfiError};
+
+use crate::workspace::platform_workspace;
+
+/// Operand names in contract order, for messages.
+pub const FWD_OPERANDS: [&str; 5] = ["q", "k", "v", "kv_len", "q_start"];
+pub const BWD_OPERANDS: [&str; 8] = ["q", "k", "v", "kv_len", "q_start", "o", "lse", "do"];
+
+/// The operands every call shares, validated.
+pub struct Common<'a> {
+    pub dtype: ElementType,
+    pub shape: AttnShape,
+    pub opts: AttnOptions,
+    pub q: Buffer<'a>,
+    pub k: Buffer<'a>,
+    pub v: Buffer<'a>,
+    pub kv_len: Buffer<'a>,
+    pub q_start: Buffer<'a>,
+}
+
+/// A validated forward call.
+pub struct FwdCall<'a> {
+    pub common: Common<'a>,
+    pub o: Buffer<'a>,
+    pub lse: Buffer<'a>,
+    pub workspace: Option<Buffer<'a>>,
+}
+
+/// A validated backward call.
+pub struct BwdCall<'a> {
+    pub common: Common<'a>,
+    pub o: Buffer<'a>,
+    pub lse: Buffer<'a>,
+    pub d_o: Buffer<'a>,
+    pub dq: Buffer<'a>,
+    pub dk: Buffer<'a>,
+    pub dv: Buffer<'a>,
+    pub workspace: Option<Buffer<'a>>,
+}
+
+/// Maps a backend error onto XLA's codes, prefixed with the target name.
+pub fn attn_error(target: &str, e: AttnError) -> FfiError {
+    match e {
+        AttnError::InvalidArgument(m) => FfiError::invalid_argument(format!("{target}: {m}")),
+        AttnError::Unimplemented(m) => FfiError::unimplemented(format!("{target}: {m}")),
+        AttnError::Internal(m) => FfiError::internal(format!("{target}: {m}")),
+    }
+}
+
+fn invalid(target: &str, msg: String) -> FfiError {
+    FfiError::invalid_argument(format!("{target}: {msg}"))
+}
+
+fn dims_string(dims: &[usize]) -> String {
+    let d: Vec<String> = dims.iter().map(|x| x.to_string()).collect();
+    format!("[{}]", d.join(","))
+}
+
+/// `what` (e.g. "operand 5 `o`") must be `dtype[dims]`.
+fn expect_exact(target: &str, what: &str, b: &Buffer<'_>, dtype: DataType, dims: &[usize], meaning: &str) -> Result<(), FfiError> {
+    let same_dims = b.dims.len() == dims.len() && b.dims.iter().zip(dims).all(|(&a, &e)| a >= 0 && a as usize == e);
+    if b.dtype != dtype || !same_dims {
+        return Err(invalid(
+            target,
+            format!("{what} must be {dtype}{} {meaning}, got {}", dims_string(dims), b.describe()),
+        ));
+    }
+    Ok(())
+}
+
+fn rank4(target: &str, what: &str, b: &Buffer<'_>, layout: &str) -> Result<[usize; 4], FfiError> {
+    if b.rank() != 4 || b.dims.iter().any(|&d| d < 0) {
+        return Err(invalid(target, format!("{what} must have rank 4 {layout}, got {}", b.describe())));
+    }
+    Ok([b.dims[0] as usize, b.dims[1] as usize, b.dims[2] as usize, b.dims[3] as usize])
+}
+
+fn operand_count(target: &str, frame: &CallFrame<'_>, names: &[&str]) -> Result<(), FfiError> {
+    if frame.arg_count() != names.len() {
+        return Err(invalid(
+            target,
+            format!("expected {} operands ({}), got {}", names.len(), names.join(", "), frame.arg_count()),
+        ));
+    }
+    Ok(())
+}
+
+fn options(target: &str, frame: &CallFrame<'_>) -> Result<AttnOptions, FfiError> {
+    let attrs = frame.attrs();
+    let opts = AttnOptions {
+        scale: attrs.f32(target, "scale")?,
+        softcap: attrs.f32(target, "softcap")?,
+        window_left: attrs.i64(target, "window_left")?,
+        window_right: attrs.i64(target, "window_right")?,
+    };
+    opts.validate().map_err(|e| attn_error(target, e))?;
+    Ok(opts)
+}
+
+/// q, k, v, kv_len, q_start and the attributes.
+fn common<'a>(target: &str, frame: &CallFrame<'a>) -> Result<Common<'a>, FfiError> {
+    let q = frame.arg(0)?;
+    let k = frame.arg(1)?;
+    let v = frame.arg(2)?;
+    let kv_len = frame.arg(3)?;
+    let q_start = frame.arg(4)?;
+    let [b, sq, h, d] = rank4(target, "operand 0 `q`", &q, "[B, Sq, H, D]")?;
+    let [kb, sk, hkv, kd] = rank4(target, "operand 1 `k`", &k, "[B, Sk, Hkv, D]")?;
+    rank4(target, "operand 2 `v`", &v, "[B, Sk, Hkv, D]")?;
+    let dtype = ElementType::from_xla_code(q.dtype.0)
+        .ok_or_else(|| invalid(target, format!("operand 0 `q` must be f32, f16 or bf16, got {}", q.describe())))?;
+    for (what, buf) in [("operand 1 `k`", &k), ("operand 2 `v`", &v)] {
+        if buf.dtype != q.dtype {
+            return Err(invalid(target, format!("{what} must have the type of `q` ({}), got {}", q.dtype, buf.describe())));
+        }
+    }
+    if kb != b {
+        return Err(invalid(target, format!("operand 1 `k` batch {kb} differs from `q` batch {b} (k is {}, q is {})", k.describe(), q.describe())));
+    }
+    if kd != d {
+        return Err(invalid(target, format!("operand 1 `k` head dim {kd} differs from `q` head dim {d} (k is {}, q is {})", k.describe(), q.describe())));
+    }
+    if v.dims != k.dims {
+        return Err(invalid(target, format!("operand 2 `v` must have the shape of `k` ({}), got {}", k.describe(), v.describe())));
+    }
+    let shape = AttnShape { batch: b, seq_q: sq, seq_k: sk, heads: h, kv_heads: hkv, head_dim: d };
+    shape.validate().map_err(|e| match e {
+        AttnError::InvalidArgument(m) => invalid(target, format!("operands 0 `q` / 1 `k`: {m}")),
+        other => attn_error(target, other),
+    })?;
+    expect_exact(target, "operand 3 `kv_len`", &kv_len, DataType::S32, &[b], "(valid keys per batch row)")?;
+    expect_exact(target, "operand 4 `q_start`", &q_start, DataType::S32, &[b], "(key position of query 0 per batch row)")?;
+    let opts = options(target, frame)?;
+    Ok(Common { dtype, shape, opts, q, k, v, kv_len, q_start })
+}
+
+/// The optional trailing workspace result at `index`, checked against what `platform` asks for.
+fn workspace<'a>(
+    target: &str,
+    frame: &CallFrame<'a>,
+    index: usize,
+    pass: Pass,
+    platform: Platform,
+    c: &Common<'a>,
+    result_names: &str,
+) -> Result<Option<Buffer<'a>>, FfiError> {
+    let Some(need) = platform_workspace(pass, platform, c.dtype, &c.shape) else {
+        return Err(FfiError::new(
+            ErrorCode::Unimplemented,
+            format!(
+                "{target}: {} with head dim {} is not supported on {:?} (exla_rs_flash_attn_workspace_bytes says -1)",
+                c.dtype, c.shape.head_dim, platform
+            ),
+        ));
+    };
+    let want = if need > 0 { index + 1 } else { index };
+    if frame.ret_count() != want {
+        let ws = if need > 0 { format!(", workspace u8[{need}]") } else { String::new() };
+        return Err(invalid(target, format!("expected {want} results ({result_names}{ws}), got {}", frame.ret_count())));
+    }
+    if need == 0 {
+        return Ok(None);
+    }
+    let w = frame.ret(index)?;
+    if w.dtype != DataType::U8 || w.rank() != 1 || (w.dims[0] as usize) < need {
+        return Err(invalid(target, format!("result {index} `workspace` must be u8[{need}] (or larger), got {}", w.describe())));
+    }
+    Ok(Some(w))
+}
+
+pub fn forward<'a>(target: &str, frame: &CallFrame<'a>, platform: Platform) -> Result<FwdCall<'a>, FfiError> {
+    operand_count(target, frame, &FWD_OPERANDS)?;
+    let c = common(target, frame)?;
+    let ws = workspace(target, frame, 2, Pass::Forward, platform, &c, "o, lse")?;
+    let s = c.shape;
+    let o = frame.ret(0)?;
+    expect_exact(target, "result 0 `o`", &o, c.q.dtype, &[s.batch, s.seq_q, s.heads, s.head_dim], "(like q)")?;
+    let lse = frame.ret(1)?;
+    expect_exact(target, "result 1 `lse`", &lse, DataType::F32, &[s.batch, s.heads, s.seq_q], "[B, H, Sq]")?;
+    Ok(FwdCall { common: c, o, lse, workspace: ws })
+}
+
+pub fn backward<'a>(target: &str, frame: &CallFrame<'a>, platform: Platform) -> Result<BwdCall<'a>, FfiError> {
+    operand_count(target, frame, &BWD_OPERANDS)?;
+    let c = common(target, frame)?;
+    let ws = workspace(target, frame, 3, Pass::Backward, platform, &c, "dq, dk, dv")?;
+    let s = c.shape;
+    let q_dims = [s.batch, s.seq_q, s.heads, s.head_dim];
+    let kv_dims = [s.batch, s.seq_k, s.kv_heads, s.head_dim];
+    let o = frame.arg(5)?;
+    expect_exact(target, "operand 5 `o`", &o, c.q.dtype, &q_dims, "(the forward's o, like q)")?;
+    let lse = frame.arg(6)?;
+    expect_exact(target, "operand 6 `lse`", &lse, DataType::F32, &[s.batch, s.heads, s.seq_q], "(the forward's lse, [B, H, Sq])")?;
+    let d_o = frame.arg(7)?;
+    expect_exact(target, "operand 7 `do`", &d_o, c.q.dtype, &q_dims, "(like o)")?;
+    let dq = frame.ret(0)?;
+    expect_exact(target, "result 0 `dq`", &dq, c.q.dtype, &q_dims, "(like q)")?;
+    let dk = frame.ret(1)?;
+    expect_exact(target, "result 1 `dk`", &dk, c.q.dtype, &kv_dims, "(like k)")?;
+    let dv = frame.ret(2)?;
+    expect_exact(target, "result 2 `dv`", &dv, c.q.dtype, &kv_dims, "(like v)")?;
+    Ok(BwdCall { common: c, o, lse, d_o, dq, dk, dv, workspace: ws })
+}

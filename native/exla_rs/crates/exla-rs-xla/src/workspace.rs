@@ -1,0 +1,33 @@
+//! `exla_rs_flash_attn_workspace_bytes`: what trailing workspace a call takes on a platform.
+
+use exla_rs_attn::{AttnShape, ElementType, Pass, Platform};
+
+/// -1 when the codes, dims or platform support say no; else the workspace size in bytes.
+#[allow(clippy::too_many_arguments)]
+pub fn workspace_bytes(pass: i32, platform: i32, dtype: i32, b: i64, sq: i64, sk: i64, h: i64, hkv: i64, d: i64) -> i64 {
+    let (Some(pass), Some(platform), Some(dtype)) = (Pass::from_code(pass), Platform::from_code(platform), ElementType::from_xla_code(dtype))
+    else {
+        return -1;
+    };
+    if [b, sq, sk, h, hkv, d].iter().any(|&x| x < 0) {
+        return -1;
+    }
+    let shape = AttnShape {
+        batch: b as usize,
+        seq_q: sq as usize,
+        seq_k: sk as usize,
+        heads: h as usize,
+        kv_heads: hkv as usize,
+        head_dim: d as usize,
+    };
+    platform_workspace(pass, platform, dtype, &shape).map_or(-1, |n| n as i64)
+}
+
+/// The workspace a valid shape needs on `platform`, None when unsupported there.
+pub fn platform_workspace(pass: Pass, platform: Platform, dtype: ElementType, shape: &AttnShape) -> Option<usize> {
+    shape.validate().ok()?;
+    match platform {
+        Platform::Host => Some(exla_rs_attn::host::workspace_bytes(pass, dtype, shape)),
+        Platform::Cuda => exla_rs_cuda::workspace_bytes(pass, dtype, shape),
+    }
+}

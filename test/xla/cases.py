@@ -1,0 +1,112 @@
+"""Random attention cases shared by the Host XLA tests (and the GPU tests with a platform switch)."""
+from __future__ import annotations
+
+import os
+import secrets
+from dataclasses import dataclass, field
+
+import jax.numpy as jnp
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    b: int
+    sq: int
+    sk: int
+    h: int
+    hkv: int
+    d: int
+    causal: bool = False
+    window_size: tuple | None = None
+    softcap: float = 0.0
+    scale: float | None = None
+    kv_len: str = "full"  # full | random (one row 0) | short
+    q_start: str = "default"  # default (Sk - Sq) | zero | negative | random
+
+
+CASES = [
+    Case("plain", 2, 33, 33, 4, 4, 64),
+    Case("causal_odd", 1, 70, 70, 2, 2, 32, causal=True),
+    Case("causal_sq_lt_sk", 2, 17, 45, 3, 3, 64, causal=True),
+    Case("sq1_sk1", 2, 1, 1, 2, 2, 16),
+    Case("decode_step", 3, 1, 50, 4, 2, 64, causal=True),
+    Case("sliding_causal", 1, 100, 100, 2, 1, 32, causal=True, window_size=(8, 0)),
+    Case("local_both_sides", 2, 40, 40, 2, 2, 48, window_size=(5, 3)),
+    Case("softcap_scale_d80", 1, 37, 29, 2, 2, 80, softcap=20.0, scale=0.5),
+    Case("kv_padding_fully_masked", 3, 24, 31, 2, 2, 64, kv_len="random"),
+    Case("q_start_negative", 2, 20, 20, 2, 2, 32, causal=True, q_start="negative"),
+    Case("gqa", 2, 45, 45, 8, 2, 64, causal=True),
+    Case("mqa", 1, 30, 61, 6, 1, 40),
+    Case("d256", 1, 19, 23, 2, 1, 256, causal=True),
+    Case("d1", 1, 9, 12, 3, 3, 1),
+    Case("d128_s130", 1, 130, 130, 2, 2, 128),
+    Case("everything", 3, 50, 67, 6, 2, 96, causal=True, window_size=(20, 2), softcap=15.0, kv_len="random", q_start="random"),
+]
+
+DTYPES = {"f32": np.float32, "f16": jnp.float16, "bf16": jnp.bfloat16}
+# Relative to the reference's largest magnitude (the issue's bars).
+TOL = {"f32": 1e-4, "f16": 5e-3, "bf16": 3e-2}
+
+
+def seed() -> int:
+    return int(os.environ.get("EXLA_RS_SEED", secrets.randbits(32)))
+
+
+@dataclass
+class Inputs:
+    q: np.ndarray
+    k: np.ndarray
+    v: np.ndarray
+    kv_len: np.ndarray
+    q_start: np.ndarray
+    do: np.ndarray
+    scale: float
+    softcap: float
+    window_left: int
+    window_right: int
+    seed: int
+    kw: dict = field(default_factory=dict)
+
+
+def make(case: Case, dtype, s: int) -> Inputs:
+    """Fresh normal random inputs (never zeros), rounded to `dtype`."""
+    from exla_rs_jax import window
+
+    rng = np.random.default_rng(s)
+    cast = lambda a: np.asarray(jnp.asarray(a, dtype=dtype))
+    q = cast(rng.standard_normal((case.b, case.sq, case.h, case.d), dtype=np.float32))
+    k = cast(rng.standard_normal((case.b, case.sk, case.hkv, case.d), dtype=np.float32))
+    v = cast(rng.standard_normal((case.b, case.sk, case.hkv, case.d), dtype=np.float32))
+    do = cast(rng.standard_normal((case.b, case.sq, case.h, case.d), dtype=np.float32))
+    if case.kv_len == "full":
+        kv_len = np.full(case.b, case.sk, np.int32)
+    elif case.kv_len == "random":
+        kv_len = rng.integers(1, case.sk + 1, case.b).astype(np.int32)
+        kv_len[0] = 0  # a batch row with every key padded: fully masked rows
+    else:
+        kv_len = np.full(case.b, max(1, case.sk // 2), np.int32)
+    if case.q_start == "default":
+        q_start = np.full(case.b, case.sk - case.sq, np.int32)
+    elif case.q_start == "zero":
+        q_start = np.zeros(case.b, np.int32)
+    elif case.q_start == "negative":
+        q_start = np.full(case.b, -5, np.int32)
+    else:
+        q_start = rng.integers(-4, case.sk, case.b).astype(np.int32)
+    wl, wr = window(case.causal, case.window_size)
+    scale = case.scale if case.scale is not None else 1.0 / np.sqrt(case.d)
+    kw = dict(scale=scale, softcap=case.softcap, window_left=wl, window_right=wr)
+    return Inputs(q, k, v, kv_len, q_start, do, scale, case.softcap, wl, wr, s, kw)
+
+
+def rel_err(got, ref) -> float:
+    got = np.asarray(got, np.float64)
+    ref = np.asarray(ref, np.float64)
+    fin = np.isfinite(ref)
+    # Inputs are O(1) normals; a reference that is exactly zero (dq with a single visible key,
+    # where softmax is the constant 1) is judged with the absolute tolerance tol * 1e-2 rather
+    # than dividing rounding noise by ~0.
+    denom = max(float(np.max(np.abs(ref[fin]), initial=0.0)), 1e-2)
+    return float(np.max(np.abs(got[fin] - ref[fin]), initial=0.0)) / denom

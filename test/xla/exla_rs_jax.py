@@ -1,0 +1,177 @@
+"""Our XLA FFI handlers through a real XLA, via JAX's FFI.
+
+Loads ``libexla_rs_xla.so`` (``$EXLA_RS_XLA_LIB`` or the release build), registers the handler
+symbols with ``jax.ffi.register_ffi_target`` and calls them with ``jax.ffi.ffi_call`` exactly as the
+custom-call contract lays them out (shared/design/flash-attention-contract.md). Used by the tests
+in this folder, the demo and the benchmarks.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+from functools import partial
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[2]
+DEFAULT_LIB = ROOT / "native/exla_rs/target/release/libexla_rs_xla.so"
+
+FWD, BWD = "exla_rs_flash_attn_fwd", "exla_rs_flash_attn_bwd"
+# XLA FFI data type codes (c_api.h) of the element types we accept.
+DTYPE_CODES = {np.dtype(np.float32): 11, np.dtype(jnp.float16): 10, np.dtype(jnp.bfloat16): 16}
+PLATFORM_CODES = {"cpu": 0, "cuda": 1}
+_SUFFIX = {"cpu": "host", "cuda": "cuda"}
+
+_lib = None
+_registered: set[str] = set()
+
+
+def lib_path() -> Path:
+    return Path(os.environ.get("EXLA_RS_XLA_LIB", DEFAULT_LIB))
+
+
+def load(platform: str = "cpu") -> ctypes.CDLL:
+    """Opens the library once and registers both targets for ``platform`` ('cpu' or 'cuda')."""
+    global _lib
+    if _lib is None:
+        path = lib_path()
+        if not path.exists():
+            raise FileNotFoundError(f"{path} not built: cargo build --release --manifest-path native/exla_rs/Cargo.toml --workspace")
+        _lib = ctypes.CDLL(str(path))
+        _lib.exla_rs_flash_attn_workspace_bytes.restype = ctypes.c_int64
+        _lib.exla_rs_flash_attn_workspace_bytes.argtypes = [ctypes.c_int32] * 3 + [ctypes.c_int64] * 6
+    if platform not in _registered:
+        jax_platform = "cpu" if platform == "cpu" else "CUDA"
+        for target in (FWD, BWD):
+            fn = getattr(_lib, f"{target}_{_SUFFIX[platform]}")
+            jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(fn), platform=jax_platform)
+        _registered.add(platform)
+    return _lib
+
+
+def workspace_bytes(pass_: int, platform: str, dtype, b, sq, sk, h, hkv, d) -> int:
+    lib = load(platform)
+    return lib.exla_rs_flash_attn_workspace_bytes(pass_, PLATFORM_CODES[platform], DTYPE_CODES[np.dtype(dtype)], b, sq, sk, h, hkv, d)
+
+
+def _attrs(scale, softcap, window_left, window_right) -> dict:
+    # Typed exactly as the contract says: f32 scale/softcap, s64 windows.
+    return dict(scale=np.float32(scale), softcap=np.float32(softcap), window_left=np.int64(window_left), window_right=np.int64(window_right))
+
+
+def _workspace_result(pass_, platform, q, k):
+    b, sq, h, d = q.shape
+    _, sk, hkv, _ = k.shape
+    n = workspace_bytes(pass_, platform, q.dtype, b, sq, sk, h, hkv, d)
+    if n < 0:
+        raise NotImplementedError(f"{q.dtype} D={d} unsupported on {platform}")
+    return [jax.ShapeDtypeStruct((n,), jnp.uint8)] if n > 0 else []
+
+
+def flash_attn_fwd(q, k, v, kv_len, q_start, *, scale, softcap=0.0, window_left=-1, window_right=-1, platform="cpu"):
+    """Returns (o, lse) from the forward target."""
+    load(platform)
+    b, sq, h, _ = q.shape
+    outs = [jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct((b, h, sq), jnp.float32)]
+    outs += _workspace_result(0, platform, q, k)
+    res = jax.ffi.ffi_call(FWD, outs)(q, k, v, kv_len, q_start, **_attrs(scale, softcap, window_left, window_right))
+    return res[0], res[1]
+
+
+def flash_attn_bwd(q, k, v, kv_len, q_start, o, lse, do, *, scale, softcap=0.0, window_left=-1, window_right=-1, platform="cpu"):
+    """Returns (dq, dk, dv) from the backward target."""
+    load(platform)
+    outs = [jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)]
+    outs += _workspace_result(1, platform, q, k)
+    res = jax.ffi.ffi_call(BWD, outs)(q, k, v, kv_len, q_start, o, lse, do, **_attrs(scale, softcap, window_left, window_right))
+    return res[0], res[1], res[2]
+
+
+def window(causal: bool, window_size=None) -> tuple[int, int]:
+    """(window_left, window_right) for the user-facing options, as the Elixir API maps them."""
+    left, right = window_size if window_size is not None else (-1, -1)
+    if causal:
+        right = 0 if right < 0 else min(right, 0)
+    return int(left), int(right)
+
+
+@partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7, 8, 9))
+def attention(q, k, v, kv_len, q_start, scale, softcap, window_left, window_right, platform):
+    """Differentiable attention whose backward is our backward target."""
+    return flash_attn_fwd(q, k, v, kv_len, q_start, scale=scale, softcap=softcap, window_left=window_left, window_right=window_right, platform=platform)[0]
+
+
+def _attention_fwd(q, k, v, kv_len, q_start, scale, softcap, window_left, window_right, platform):
+    o, lse = flash_attn_fwd(q, k, v, kv_len, q_start, scale=scale, softcap=softcap, window_left=window_left, window_right=window_right, platform=platform)
+    return o, (q, k, v, kv_len, q_start, o, lse)
+
+
+def _attention_bwd(scale, softcap, window_left, window_right, platform, res, do):
+    q, k, v, kv_len, q_start, o, lse = res
+    dq, dk, dv = flash_attn_bwd(q, k, v, kv_len, q_start, o, lse, do.astype(o.dtype), scale=scale, softcap=softcap, window_left=window_left, window_right=window_right, platform=platform)
+    zero = lambda x: np.zeros(x.shape, dtype=jax.dtypes.float0)
+    return dq, dk, dv, zero(kv_len), zero(q_start)
+
+
+attention.defvjp(_attention_fwd, _attention_bwd)
+
+
+# ---------------------------------------------------------------------------------------------
+# float64 references of the contract's function
+# ---------------------------------------------------------------------------------------------
+
+def visible_mask(b, sq, sk, kv_len, q_start, window_left, window_right) -> np.ndarray:
+    """bool[B, Sq, Sk]: visible(i, j) exactly as the contract writes it."""
+    i = np.arange(sq)[None, :, None]
+    j = np.arange(sk)[None, None, :]
+    pos = np.asarray(q_start, np.int64)[:, None, None] + i
+    m = j < np.asarray(kv_len, np.int64)[:, None, None]
+    if window_left >= 0:
+        m = m & (j >= pos - window_left)
+    if window_right >= 0:
+        m = m & (j <= pos + window_right)
+    return np.broadcast_to(m, (b, sq, sk))
+
+
+def reference_fwd(q, k, v, kv_len, q_start, *, scale, softcap=0.0, window_left=-1, window_right=-1):
+    """float64 numpy (o [B,Sq,H,D], lse [B,H,Sq]) of the contract."""
+    q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
+    b, sq, h, d = q.shape
+    sk, hkv = k.shape[1], k.shape[2]
+    g = h // hkv
+    kk = np.repeat(k, g, axis=2)
+    vv = np.repeat(v, g, axis=2)
+    x = scale * np.einsum("bihd,bjhd->bhij", q, kk)
+    s = softcap * np.tanh(x / softcap) if softcap > 0 else x
+    m = visible_mask(b, sq, sk, kv_len, q_start, window_left, window_right)[:, None]
+    s = np.where(m, s, -np.inf)
+    mx = np.max(s, axis=-1, keepdims=True)
+    mx = np.where(np.isfinite(mx), mx, 0.0)
+    p = np.where(m, np.exp(s - mx), 0.0)
+    l = p.sum(-1, keepdims=True)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        lse = np.where(l > 0, np.log(l) + mx, -np.inf)[..., 0]
+        p = np.where(l > 0, p / l, 0.0)
+    o = np.einsum("bhij,bjhd->bihd", p, vv)
+    return o, lse
+
+
+def reference_jax(q, k, v, kv_len, q_start, *, scale, softcap=0.0, window_left=-1, window_right=-1):
+    """The same function in jax.numpy (for jax.grad of a reference; run under x64)."""
+    b, sq, h, d = q.shape
+    sk, hkv = k.shape[1], k.shape[2]
+    g = h // hkv
+    kk = jnp.repeat(k, g, axis=2)
+    vv = jnp.repeat(v, g, axis=2)
+    x = scale * jnp.einsum("bihd,bjhd->bhij", q, kk)
+    s = softcap * jnp.tanh(x / softcap) if softcap > 0 else x
+    m = jnp.asarray(visible_mask(b, sq, sk, kv_len, q_start, window_left, window_right))[:, None]
+    s = jnp.where(m, s, -jnp.inf)
+    mx = jax.lax.stop_gradient(jnp.max(jnp.where(m, s, -1e300), axis=-1, keepdims=True))
+    p = jnp.where(m, jnp.exp(s - mx), 0.0)
+    l = p.sum(-1, keepdims=True)
+    p = p / jnp.where(l > 0, l, 1.0)
+    return jnp.einsum("bhij,bjhd->bihd", p, vv)
