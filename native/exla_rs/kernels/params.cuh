@@ -44,3 +44,7 @@ struct BwdParams {
 };
 
 }  // namespace exla_rs
+
+// The Rust mirror checks the same numbers (crates/exla-rs-cuda/src/params.rs).
+static_assert(sizeof(exla_rs::FwdParams) == 104, "FwdParams layout changed: update params.rs");
+static_assert(sizeof(exla_rs::BwdParams) == 152, "BwdParams layout changed: update params.rs");

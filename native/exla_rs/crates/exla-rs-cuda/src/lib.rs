@@ -1,1 +1,93 @@
-//! placeholder
+//! exla_rs flash attention on CUDA: the kernels of `native/exla_rs/kernels` (compiled by nvcc at
+//! build time, or by NVRTC at first use) launched with cudarc on the stream XLA hands an FFI
+//! handler. Loads and answers cleanly with no GPU, driver or compiler present.
+//!
+//! - `workspace_bytes`: the support table and scratch size (None = no kernel: -1 in the C API).
+//! - `forward` / `backward`: enqueue on XLA's stream, no sync, no allocation.
+//! - `status` / `kernel_build`: what the driver and this build offer.
+
+mod arch;
+mod config;
+mod driver;
+pub mod embedded;
+mod launch;
+mod modules;
+mod nvrtc;
+mod params;
+
+pub use arch::{parse_arch_list, Target, DEFAULT_ARCHS};
+pub use config::HEAD_DIMS;
+pub use driver::{status, CudaDevice, CudaStatus};
+pub use launch::{backward, forward};
+
+use exla_rs_attn::{AttnShape, ElementType, Pass};
+
+/// Device pointers (CUdeviceptr values) of one forward call, as XLA passes them.
+#[derive(Clone, Debug, Default)]
+pub struct FwdBuffers {
+    pub q: u64,
+    pub k: u64,
+    pub v: u64,
+    pub kv_len: u64,
+    pub q_start: u64,
+    pub o: u64,
+    pub lse: u64,
+    pub workspace: u64,
+    pub workspace_bytes: usize,
+}
+
+/// Device pointers of one backward call.
+#[derive(Clone, Debug, Default)]
+pub struct BwdBuffers {
+    pub q: u64,
+    pub k: u64,
+    pub v: u64,
+    pub kv_len: u64,
+    pub q_start: u64,
+    pub o: u64,
+    pub lse: u64,
+    pub d_o: u64,
+    pub dq: u64,
+    pub dk: u64,
+    pub dv: u64,
+    pub workspace: u64,
+    pub workspace_bytes: usize,
+}
+
+/// None = this configuration is not supported on CUDA (-1 in the C API); Some(0) = no workspace.
+pub fn workspace_bytes(pass: Pass, dtype: ElementType, shape: &AttnShape) -> Option<usize> {
+    config::workspace_bytes(pass, dtype, shape)
+}
+
+/// What this build embeds.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KernelBuildInfo {
+    /// Machine-code targets in the fatbins, e.g. `["sm_80", "sm_86", "sm_89", "sm_90"]`; empty
+    /// when nvcc was absent at build time.
+    pub embedded_archs: Vec<String>,
+    /// The PTX target embedded for JIT on newer GPUs, e.g. `compute_90`.
+    pub ptx_arch: Option<String>,
+    /// `nvcc --version`'s release line, when nvcc compiled the kernels.
+    pub nvcc_version: Option<String>,
+    /// The kernel sources are embedded, so NVRTC can compile them at first use (always true).
+    pub nvrtc_fallback: bool,
+    /// Whether libnvrtc can be loaded in this process now.
+    pub nvrtc_available: bool,
+    /// Instantiation files (modules) embedded.
+    pub kernel_files: usize,
+    /// Why no fatbins were built, when none were.
+    pub note: Option<String>,
+}
+
+pub fn kernel_build() -> KernelBuildInfo {
+    let targets: Vec<Target> = parse_arch_list(&embedded::TARGETS.join(",")).unwrap_or_default();
+    KernelBuildInfo {
+        embedded_archs: targets.iter().filter(|t| matches!(t, Target::Sass { .. })).map(Target::name).collect(),
+        ptx_arch: targets.iter().filter(|t| matches!(t, Target::Ptx { .. })).map(Target::name).last(),
+        nvcc_version: embedded::NVCC_VERSION.map(str::to_string),
+        nvrtc_fallback: embedded::KERNEL_FILES.iter().all(|k| !k.source.is_empty()),
+        nvrtc_available: std::panic::catch_unwind(nvrtc::available).map(|r| r.is_ok()).unwrap_or(false),
+        kernel_files: embedded::KERNEL_FILES.len(),
+        note: embedded::BUILD_NOTE.map(str::to_string),
+    }
+}

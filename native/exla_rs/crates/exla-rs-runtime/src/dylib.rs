@@ -12,6 +12,8 @@ pub struct Library {
 
 // SAFETY: a dlopen handle is a process-wide token; dlsym/dlclose are thread-safe in glibc.
 unsafe impl Send for Library {}
+// SAFETY: &Library only allows dlsym, which is thread-safe.
+unsafe impl Sync for Library {}
 
 impl Library {
     /// The already-loaded object at `path`, or an error saying it is not loaded. Never loads it.
@@ -52,6 +54,20 @@ impl Library {
         }
     }
 
+    /// Whether `name` resolves to code inside the object at `path` itself (`dlsym` on a handle
+    /// also searches the object's dependencies; `dladdr` says where the symbol really lives).
+    pub fn defines(&self, name: &str, path: &Path) -> bool {
+        let Some(sym) = self.symbol(name) else { return false };
+        let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
+        // SAFETY: sym is an address inside a loaded object; info is writable.
+        if unsafe { libc::dladdr(sym, &mut info) } == 0 || info.dli_fname.is_null() {
+            return false;
+        }
+        // SAFETY: dli_fname is a C string owned by the loader.
+        let owner = unsafe { CStr::from_ptr(info.dli_fname) }.to_string_lossy().into_owned();
+        same_file(Path::new(&owner), path)
+    }
+
     /// Keeps the object loaded for the rest of the process (our handlers live in its registry).
     pub fn keep_loaded(self) {
         std::mem::forget(self);
@@ -64,6 +80,14 @@ impl Drop for Library {
         unsafe {
             libc::dlclose(self.handle);
         }
+    }
+}
+
+/// Whether two paths name the same file (symlinks and relative paths resolved).
+pub fn same_file(a: &Path, b: &Path) -> bool {
+    match (std::fs::canonicalize(a), std::fs::canonicalize(b)) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => a == b,
     }
 }
 
@@ -92,6 +116,14 @@ mod tests {
         let lib = Library::open_loaded(&libc_path()).unwrap();
         assert!(lib.symbol("malloc").is_some());
         assert!(lib.symbol("no_such_symbol_exla_rs").is_none());
+    }
+
+    #[test]
+    fn defines_checks_where_a_symbol_lives() {
+        let path = libc_path();
+        let lib = Library::open_loaded(&path).unwrap();
+        assert!(lib.defines("malloc", &path));
+        assert!(!lib.defines("malloc", Path::new("/usr/lib/x86_64-linux-gnu/libm.so.6")));
     }
 
     #[test]

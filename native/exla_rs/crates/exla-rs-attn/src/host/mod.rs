@@ -1,1 +1,242 @@
-//! Host (CPU) flash attention. Written by the host-kernel work; see the module docs there.
+//! Host (CPU) flash attention, forward and backward.
+//!
+//! - `forward.rs`: tiled online softmax, one rayon task per (batch, head, block of query rows);
+//!   K is pre-packed once as f32 transposed tiles and V as padded f32 rows, so tasks only run
+//!   register-blocked GEMMs and the `exp2` row pass. Key tiles outside a block's visible range
+//!   (`KeyRange::for_rows`) are never touched: that is where causal and windows win.
+//! - `backward.rs`: FlashAttention-2 backward, one task per (batch, kv head, block of keys)
+//!   owning its dK/dV rows; dQ is accumulated in f32 per query block behind a mutex.
+//! - `kernels.rs` + `simd.rs`: the inner loops, instantiated for AVX-512, AVX2+FMA and scalar,
+//!   picked at run time ([`dispatch`]); no `-C target-cpu` needed.
+//!
+//! Scratch is allocated here (O(B·H·S·D), never S×S), so [`workspace_bytes`] is 0.
+
+mod backward;
+mod element;
+mod forward;
+mod kernels;
+mod simd;
+#[cfg(test)]
+mod tests;
+
+pub use element::HostElement;
+
+use crate::{AttnError, AttnOptions, AttnShape, ElementType, Pass};
+
+/// Forward operands: `q [B, Sq, H, D]`, `k`/`v` `[B, Sk, Hkv, D]`, `kv_len`/`q_start` `s32[B]`.
+pub struct FwdInputs<'a, T> {
+    pub q: &'a [T],
+    pub k: &'a [T],
+    pub v: &'a [T],
+    pub kv_len: &'a [i32],
+    pub q_start: &'a [i32],
+}
+
+/// Forward results: `o [B, Sq, H, D]`, `lse f32[B, H, Sq]`.
+pub struct FwdOutputs<'a, T> {
+    pub o: &'a mut [T],
+    pub lse: &'a mut [f32],
+}
+
+/// Backward operands: the forward's operands plus its `o`, `lse` and the cotangent `d_o`.
+pub struct BwdInputs<'a, T> {
+    pub q: &'a [T],
+    pub k: &'a [T],
+    pub v: &'a [T],
+    pub kv_len: &'a [i32],
+    pub q_start: &'a [i32],
+    pub o: &'a [T],
+    pub lse: &'a [f32],
+    pub d_o: &'a [T],
+}
+
+/// Backward results, shaped like `q`, `k`, `v`.
+pub struct BwdOutputs<'a, T> {
+    pub dq: &'a mut [T],
+    pub dk: &'a mut [T],
+    pub dv: &'a mut [T],
+}
+
+/// Bytes of the trailing `u8[N]` workspace result XLA allocates for this call (0 = none).
+/// The Host kernels allocate their own bounded scratch, so they take none.
+pub fn workspace_bytes(_pass: Pass, _dtype: ElementType, _shape: &AttnShape) -> usize {
+    0
+}
+
+/// `o, lse = attention(q, k, v)` as the contract defines it.
+pub fn forward<T: HostElement>(
+    shape: &AttnShape,
+    opts: &AttnOptions,
+    inp: FwdInputs<'_, T>,
+    out: FwdOutputs<'_, T>,
+    workspace: &mut [u8],
+) -> Result<(), AttnError> {
+    forward_on(dispatch(), shape, opts, inp, out, workspace)
+}
+
+/// [`forward`] on a given kernel family (tests run every family the CPU has).
+pub(crate) fn forward_on<T: HostElement>(
+    which: Which,
+    shape: &AttnShape,
+    opts: &AttnOptions,
+    inp: FwdInputs<'_, T>,
+    out: FwdOutputs<'_, T>,
+    workspace: &mut [u8],
+) -> Result<(), AttnError> {
+    check_common::<T>(shape, opts, inp.kv_len, inp.q_start, workspace, Pass::Forward)?;
+    let (ql, kl, ll) = lens(shape)?;
+    check_len("q", inp.q.len(), ql)?;
+    check_len("k", inp.k.len(), kl)?;
+    check_len("v", inp.v.len(), kl)?;
+    check_len("o", out.o.len(), ql)?;
+    check_len("lse", out.lse.len(), ll)?;
+    match which {
+        #[cfg(target_arch = "x86_64")]
+        Which::Avx512 => forward::run::<T, kernels::avx512::Kernels>(shape, opts, inp, out),
+        #[cfg(target_arch = "x86_64")]
+        Which::Avx2 => forward::run::<T, kernels::avx2::Kernels>(shape, opts, inp, out),
+        Which::Scalar => forward::run::<T, kernels::scalar::Kernels>(shape, opts, inp, out),
+    }
+    Ok(())
+}
+
+/// `dq, dk, dv` = gradients of `Σ o·do` with respect to `q`, `k`, `v`.
+pub fn backward<T: HostElement>(
+    shape: &AttnShape,
+    opts: &AttnOptions,
+    inp: BwdInputs<'_, T>,
+    out: BwdOutputs<'_, T>,
+    workspace: &mut [u8],
+) -> Result<(), AttnError> {
+    backward_on(dispatch(), shape, opts, inp, out, workspace)
+}
+
+/// [`backward`] on a given kernel family.
+pub(crate) fn backward_on<T: HostElement>(
+    which: Which,
+    shape: &AttnShape,
+    opts: &AttnOptions,
+    inp: BwdInputs<'_, T>,
+    out: BwdOutputs<'_, T>,
+    workspace: &mut [u8],
+) -> Result<(), AttnError> {
+    check_common::<T>(shape, opts, inp.kv_len, inp.q_start, workspace, Pass::Backward)?;
+    let (ql, kl, ll) = lens(shape)?;
+    check_len("q", inp.q.len(), ql)?;
+    check_len("k", inp.k.len(), kl)?;
+    check_len("v", inp.v.len(), kl)?;
+    check_len("o", inp.o.len(), ql)?;
+    check_len("lse", inp.lse.len(), ll)?;
+    check_len("do", inp.d_o.len(), ql)?;
+    check_len("dq", out.dq.len(), ql)?;
+    check_len("dk", out.dk.len(), kl)?;
+    check_len("dv", out.dv.len(), kl)?;
+    match which {
+        #[cfg(target_arch = "x86_64")]
+        Which::Avx512 => backward::run::<T, kernels::avx512::Kernels>(shape, opts, inp, out),
+        #[cfg(target_arch = "x86_64")]
+        Which::Avx2 => backward::run::<T, kernels::avx2::Kernels>(shape, opts, inp, out),
+        Which::Scalar => backward::run::<T, kernels::scalar::Kernels>(shape, opts, inp, out),
+    }
+    Ok(())
+}
+
+/// The kernel family in use: the widest the CPU supports, unless `EXLA_RS_HOST_ISA`
+/// (`avx512`, `avx2`, `scalar`) asks for a narrower one (benchmarks, debugging).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Which {
+    #[cfg(target_arch = "x86_64")]
+    Avx512,
+    #[cfg(target_arch = "x86_64")]
+    Avx2,
+    Scalar,
+}
+
+pub(crate) fn available() -> Vec<Which> {
+    let mut v = vec![Which::Scalar];
+    #[cfg(target_arch = "x86_64")]
+    {
+        if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
+            v.push(Which::Avx2);
+        }
+        if is_x86_feature_detected!("avx512f") {
+            v.push(Which::Avx512);
+        }
+    }
+    v
+}
+
+pub(crate) fn dispatch() -> Which {
+    static CHOICE: std::sync::OnceLock<Which> = std::sync::OnceLock::new();
+    *CHOICE.get_or_init(|| {
+        let avail = available();
+        let best = *avail.last().unwrap_or(&Which::Scalar);
+        let wanted = std::env::var("EXLA_RS_HOST_ISA").ok();
+        avail
+            .iter()
+            .copied()
+            .find(|w| wanted.as_deref().is_some_and(|s| format!("{w:?}").eq_ignore_ascii_case(s)))
+            .unwrap_or(best)
+    })
+}
+
+fn check_common<T: HostElement>(
+    shape: &AttnShape,
+    opts: &AttnOptions,
+    kv_len: &[i32],
+    q_start: &[i32],
+    workspace: &[u8],
+    pass: Pass,
+) -> Result<(), AttnError> {
+    shape.validate()?;
+    opts.validate()?;
+    check_len("kv_len", kv_len.len(), shape.batch)?;
+    check_len("q_start", q_start.len(), shape.batch)?;
+    let want = workspace_bytes(pass, T::TYPE, shape);
+    if workspace.len() != want {
+        return Err(AttnError::invalid(format!(
+            "workspace: expected u8[{want}] for the Host {pass:?} pass, got {} bytes",
+            workspace.len()
+        )));
+    }
+    Ok(())
+}
+
+/// Element counts of q-like, k-like and lse operands, refusing shapes whose sizes overflow.
+fn lens(s: &AttnShape) -> Result<(usize, usize, usize), AttnError> {
+    let prod = |xs: &[usize]| xs.iter().try_fold(1usize, |acc, &x| acc.checked_mul(x));
+    match (
+        prod(&[s.batch, s.seq_q, s.heads, s.head_dim]),
+        prod(&[s.batch, s.seq_k, s.kv_heads, s.head_dim]),
+        prod(&[s.batch, s.heads, s.seq_q]),
+    ) {
+        (Some(q), Some(k), Some(l)) => Ok((q, k, l)),
+        _ => Err(AttnError::invalid(format!("shape {s:?} is too large to address"))),
+    }
+}
+
+fn check_len(name: &str, got: usize, want: usize) -> Result<(), AttnError> {
+    if got != want {
+        return Err(AttnError::invalid(format!("{name}: expected {want} elements, got {got}")));
+    }
+    Ok(())
+}
+
+/// A raw output pointer shared by tasks that write provably disjoint parts of one buffer.
+#[derive(Clone, Copy)]
+pub(crate) struct SyncPtr<T>(pub *mut T);
+// SAFETY: each user documents why its tasks' writes never overlap.
+unsafe impl<T> Send for SyncPtr<T> {}
+unsafe impl<T> Sync for SyncPtr<T> {}
+
+impl<T> SyncPtr<T> {
+    /// Through a method, so closures capture the whole (Sync) wrapper, not its raw field.
+    #[inline(always)]
+    pub(crate) fn get(&self) -> *mut T {
+        self.0
+    }
+}
+
+pub(crate) fn round_up(x: usize, m: usize) -> usize {
+    x.div_ceil(m) * m
+}

@@ -1,0 +1,48 @@
+defmodule ExlaRs do
+  @moduledoc """
+  Fused flash-attention kernels for EXLA-compiled Nx programs, as XLA FFI custom calls.
+
+  The native side registers the custom-call targets `exla_rs_flash_attn_fwd` and
+  `exla_rs_flash_attn_bwd` (for `Host` and `CUDA`) into the XLA runtimes in this VM: EXLA's
+  `libxla_extension.so` and PJRT plugins. That happens at application start when EXLA is
+  present, and lazily before our first lowering; `register/1` does it on demand.
+
+  `status/0` tells what was found and done; `mix exla_rs.status` prints it.
+  """
+
+  # -- Runtime registration and status ------------------------------------------------------
+
+  @doc """
+  Finds the XLA runtimes in this VM and registers our handlers there (idempotent; safe from
+  many processes at once). Returns `{:ok, runtimes}` or `{:error, %ExlaRs.RegistrationError{}}`.
+  See `ExlaRs.Registration.register/1` for the options (`:plugin`, `:paths`, `:retry`).
+  """
+  defdelegate register(opts \\ []), to: ExlaRs.Registration
+
+  @doc "Like `register/1`, raising `ExlaRs.RegistrationError` on failure."
+  def register!(opts \\ []) do
+    case register(opts) do
+      {:ok, runtimes} -> runtimes
+      {:error, error} -> raise error
+    end
+  end
+
+  @doc "Loads a PJRT plugin (a shared object exporting `GetPjrtApi`) into this VM."
+  defdelegate load_pjrt_plugin(path), to: ExlaRs.Registration
+
+  @doc "What exla_rs found and did in this VM; the keys are documented in `ExlaRs.Status`."
+  defdelegate status(), to: ExlaRs.Status, as: :collect
+
+  # -- Attention API (owned by the Nx layer: ExlaRs.Attention, ExlaRs.CustomCall) -----------
+  # Only with Nx (an optional dependency; Nx needs Elixir >= 1.17).
+  if Code.ensure_loaded?(Nx) do
+    @doc """
+    Fused scaled-dot-product attention, `{batch, seq, heads, head_dim}` layout: returns `o`.
+    Works eagerly and in `defn`; see `ExlaRs.Attention` for the options.
+    """
+    defdelegate attention(q, k, v, opts \\ []), to: ExlaRs.Attention
+
+    @doc "Like `attention/4`, also returning `lse`: `{o, lse}`. See `ExlaRs.Attention`."
+    defdelegate attention_with_lse(q, k, v, opts \\ []), to: ExlaRs.Attention
+  end
+end

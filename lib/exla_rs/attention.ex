@@ -1,0 +1,357 @@
+if Code.ensure_loaded?(Nx) do
+  defmodule ExlaRs.Attention do
+    @moduledoc """
+    Fused (flash) scaled-dot-product attention for Nx, in Bumblebee's layout.
+
+        o = ExlaRs.Attention.attention(q, k, v, causal: true)
+        {o, lse} = ExlaRs.Attention.attention_with_lse(q, k, v, causal: true)
+
+    (`ExlaRs.attention/4` and `ExlaRs.attention_with_lse/4` delegate here.)
+
+    Both work eagerly and inside `defn`/`Nx.Defn.jit`, with any backend and
+    compiler. Compiled with EXLA on a `:host` or `:cuda` client, the forward and
+    backward passes become the `exla_rs_flash_attn_fwd`/`_bwd` custom calls
+    (see `ExlaRs.CustomCall`), which never materialise the `Sq × Sk` logits;
+    everywhere else, and for configurations the kernels do not cover, the same
+    function is computed in plain Nx by `ExlaRs.Attention.Fallback`. Either way
+    the answer is the one the contract defines (`flash-attention-contract.md`):
+
+      * `q` is `{batch, seq_q, heads, head_dim}`, `k` and `v` are
+        `{batch, seq_k, kv_heads, head_dim}`, all of one float type (`:f16`,
+        `:bf16`, `:f32`; `:f64` runs on the Nx fallback only). `heads` must be a
+        multiple of `kv_heads` (grouped-query attention: query head `h` reads
+        key/value head `div(h, div(heads, kv_heads))`).
+      * `x = scale * (q[b, i, h] · k[b, j, h'])`, soft-capped to
+        `softcap * tanh(x / softcap)` when `softcap > 0`.
+      * key `j` is visible from query `i` when `j < kv_len[b]`, and
+        `j >= q_start[b] + i - left` (unless `left = -1`), and
+        `j <= q_start[b] + i + right` (unless `right = -1`).
+      * `o[b, i, h] = Σ_j softmax(x)_j · v[b, j, h']` over the visible keys, in the
+        type of `q`; `lse[b, h, i] = log Σ_j exp(x)` over them, `f32`
+        `{batch, heads, seq_q}`. A query that sees no key gets `o = 0` and
+        `lse = -inf`.
+
+    ## Options
+
+      * `:scale` - the logit scale, a number. Defaults to `1 / sqrt(head_dim)`.
+        It is rounded to `f32` (the kernels' attribute type) on every path.
+      * `:causal` - `true` for causal attention (`right = 0`: a query sees no key
+        after its own position). Defaults to `false`.
+      * `:window_size` - `{left, right}`, non-negative integers or `-1` for
+        unbounded. Defaults to `{-1, -1}`, or `{-1, 0}` when causal; with
+        `causal: true`, `right` must be `0` or `-1`.
+      * `:softcap` - a non-negative number, `0` for none (the default).
+      * `:kv_len` - an integer tensor of shape `{batch}`: keys at positions
+        `>= kv_len[b]` are padding. Defaults to `seq_k` for every row.
+      * `:q_start` - an integer tensor of shape `{batch}`: the key position of
+        query 0. Defaults to `seq_k - seq_q` (so the queries are the last `seq_q`
+        positions of the key sequence; with equal lengths, self-attention).
+      * `:platform` - `nil` (default), `:host` or `:cuda`: the platform whose
+        kernel workspace the traced program carries. EXLA takes a custom call's
+        result types from the traced default, which is built before the client
+        is known, so a platform whose kernel needs a scratch workspace
+        (`ExlaRs.NIF.workspace_bytes/9` > 0) can only use its kernel when the
+        program was traced for it. With `nil` no workspace is carried, and such a
+        platform computes with the Nx fallback instead. See `ExlaRs.CustomCall`.
+
+    ## Gradients
+
+    The output `o` carries a custom gradient: `Nx.Defn.grad/2` through it is one
+    backward block, `ExlaRs.Attention.Backward`, fed with the forward's own `o`
+    and `lse` (the fused backward kernel under EXLA, the Nx fallback elsewhere).
+    Nothing is recomputed through the forward's default function. The gradient
+    through `lse` of `attention_with_lse/4` (rarely needed) is computed by the Nx
+    fallback in O(Sq·Sk) memory.
+
+    ## Errors
+
+    Wrong ranks, mismatched shapes or types, `heads` not a multiple of
+    `kv_heads`, unknown options and bad option values raise `ArgumentError`
+    naming the argument and what was expected, before anything reaches native code.
+    """
+
+    alias ExlaRs.Attention.{Backward, Fallback, Forward}
+
+    @float_types [{:f, 16}, {:bf, 16}, {:f, 32}, {:f, 64}]
+    @option_keys [:scale, :causal, :window_size, :softcap, :kv_len, :q_start, :platform]
+
+    @doc """
+    Scaled-dot-product attention: returns `o`, shaped and typed like `q`.
+
+    See the module documentation for the layout, the options and the exact
+    function computed.
+
+    ## Examples
+
+        q = Nx.iota({1, 4, 2, 8}, type: :f32) |> Nx.divide(64)
+        k = Nx.iota({1, 4, 1, 8}, type: :f32) |> Nx.divide(32)
+        ExlaRs.Attention.attention(q, k, k, causal: true)
+        #=> f32[1][4][2][8]
+    """
+    def attention(q, k, v, opts \\ []) do
+      {o, _lse} = run(q, k, v, opts, "attention/4", false)
+      o
+    end
+
+    @doc """
+    Like `attention/4`, also returning the row log-sum-exp of the visible logits:
+    `{o, lse}` with `lse` of type `f32` (`f64` for `f64` inputs) and shape
+    `{batch, heads, seq_q}`, `-inf` for a query that sees no key.
+    """
+    def attention_with_lse(q, k, v, opts \\ []) do
+      run(q, k, v, opts, "attention_with_lse/4", true)
+    end
+
+    @doc """
+    Validates the arguments of `attention/4` and returns the block configuration:
+    `{forward_tag, backward_tag, [q, k, v, kv_len, q_start]}`. Raises
+    `ArgumentError` for anything invalid.
+    """
+    def prepare(q, k, v, opts, fun \\ "attention/4") do
+      fun = "ExlaRs.#{fun}"
+      {b, sq, h, d} = check_tensor!(fun, "q", q, nil)
+      dtype = Nx.type(q)
+
+      unless dtype in @float_types do
+        raise ArgumentError,
+              "#{fun}: expected q to have a float type (:f16, :bf16, :f32 or :f64), " <>
+                "got #{inspect(dtype)}"
+      end
+
+      {kb, sk, hkv, kd} = check_tensor!(fun, "k", k, dtype)
+      check_tensor!(fun, "v", v, dtype)
+
+      cond do
+        kb != b ->
+          raise ArgumentError,
+                "#{fun}: expected k to have the batch size of q, #{b}, got k of shape #{inspect(Nx.shape(k))}"
+
+        kd != d ->
+          raise ArgumentError,
+                "#{fun}: expected k to have the head dim of q, #{d}, got k of shape #{inspect(Nx.shape(k))}"
+
+        Nx.shape(v) != Nx.shape(k) ->
+          raise ArgumentError,
+                "#{fun}: expected v to have the shape of k, #{inspect(Nx.shape(k))}, " <>
+                  "got #{inspect(Nx.shape(v))}"
+
+        rem(h, hkv) != 0 ->
+          raise ArgumentError,
+                "#{fun}: expected the heads of q (#{h}) to be a multiple of the heads of k and v (#{hkv})"
+
+        true ->
+          :ok
+      end
+
+      unless Keyword.keyword?(opts) do
+        raise ArgumentError, "#{fun}: expected opts to be a keyword list, got: #{inspect(opts)}"
+      end
+
+      case Keyword.keys(opts) -- @option_keys do
+        [] ->
+          :ok
+
+        unknown ->
+          raise ArgumentError,
+                "#{fun}: unknown options #{inspect(unknown)}, expected one of #{inspect(@option_keys)}"
+      end
+
+      scale = opts |> Keyword.get(:scale, 1 / :math.sqrt(d)) |> check_f32!(fun, :scale)
+      softcap = opts |> Keyword.get(:softcap, 0) |> check_f32!(fun, :softcap)
+
+      if softcap < 0 do
+        raise ArgumentError, "#{fun}: expected :softcap to be >= 0 (0 for none), got: #{softcap}"
+      end
+
+      causal = Keyword.get(opts, :causal, false)
+
+      unless is_boolean(causal) do
+        raise ArgumentError, "#{fun}: expected :causal to be a boolean, got: #{inspect(causal)}"
+      end
+
+      {left, right} = window!(fun, Keyword.get(opts, :window_size), causal)
+
+      kv_len = row_tensor!(fun, :kv_len, Keyword.get(opts, :kv_len), b, sk)
+      q_start = row_tensor!(fun, :q_start, Keyword.get(opts, :q_start), b, sk - sq)
+
+      platform = Keyword.get(opts, :platform)
+
+      unless platform in [nil, :host, :cuda] do
+        raise ArgumentError,
+              "#{fun}: expected :platform to be nil, :host or :cuda, got: #{inspect(platform)}"
+      end
+
+      dims = [b, sq, sk, h, hkv, d]
+
+      fwd = %Forward{
+        scale: scale,
+        softcap: softcap,
+        window_left: left,
+        window_right: right,
+        workspace: ExlaRs.CustomCall.workspace_bytes(:forward, platform, dtype, dims)
+      }
+
+      bwd = %Backward{
+        scale: scale,
+        softcap: softcap,
+        window_left: left,
+        window_right: right,
+        workspace: ExlaRs.CustomCall.workspace_bytes(:backward, platform, dtype, dims)
+      }
+
+      {fwd, bwd, [q, k, v, kv_len, q_start]}
+    end
+
+    defp run(q, k, v, opts, fun, with_lse?) do
+      {fwd, bwd, args} = prepare(q, k, v, opts, fun)
+
+      # Inside defn every block input must be an expression: lift concrete tensors
+      # (say a kv_len captured from outside) into the trace.
+      [q, k, v, kv_len, q_start] =
+        args =
+        if Enum.any?(args, &expr?/1), do: Enum.map(args, &Nx.Defn.Expr.tensor/1), else: args
+
+      out = Nx.block(fwd, args, forward_template(fwd, q), &Fallback.forward/6)
+      o = elem(out, 0)
+      lse = elem(out, 1)
+
+      if expr?(o) do
+        grad_o =
+          Nx.Defn.Kernel.custom_grad(o, [q, k, v], fn g ->
+            # do is shaped and typed like o (the cotangent may come widened or as a scalar).
+            d_o = g |> Nx.as_type(Nx.type(o)) |> Nx.broadcast(Nx.shape(o))
+            bwd_args = [q, k, v, kv_len, q_start, o, lse, d_o]
+            bout = Nx.block(bwd, bwd_args, backward_template(bwd, q, k, v), &Fallback.backward/9)
+            [elem(bout, 0), elem(bout, 1), elem(bout, 2)]
+          end)
+
+        grad_lse =
+          if with_lse? do
+            Nx.Defn.Kernel.custom_grad(lse, [q, k, v], fn g ->
+              dlse = Nx.broadcast(g, Nx.shape(lse))
+              bwd |> Fallback.grads(q, k, v, kv_len, q_start, o, lse, nil, dlse) |> Tuple.to_list()
+            end)
+          else
+            lse
+          end
+
+        {grad_o, grad_lse}
+      else
+        {o, lse}
+      end
+    end
+
+    @doc false
+    # What the forward block returns (and so what its custom call must return).
+    def forward_template(%Forward{workspace: ws}, q) do
+      {b, sq, h, _d} = Nx.shape(q)
+      o = Nx.template(Nx.shape(q), Nx.type(q))
+      lse = Nx.template({b, h, sq}, Fallback.lse_type(Nx.type(q)))
+      if ws > 0, do: {o, lse, Nx.template({ws}, {:u, 8})}, else: {o, lse}
+    end
+
+    @doc false
+    def backward_template(%Backward{workspace: ws}, q, k, v) do
+      grads = {Nx.template(Nx.shape(q), Nx.type(q)), Nx.template(Nx.shape(k), Nx.type(k)), Nx.template(Nx.shape(v), Nx.type(v))}
+      if ws > 0, do: Tuple.insert_at(grads, 3, Nx.template({ws}, {:u, 8})), else: grads
+    end
+
+    defp expr?(%Nx.Tensor{data: %Nx.Defn.Expr{}}), do: true
+    defp expr?(_), do: false
+
+    defp check_tensor!(fun, name, %Nx.Tensor{} = t, dtype) do
+      if t.vectorized_axes != [] do
+        raise ArgumentError,
+              "#{fun}: expected #{name} to be a non-vectorized tensor, got vectorized axes " <>
+                inspect(t.vectorized_axes)
+      end
+
+      case Nx.shape(t) do
+        {_, _, _, _} = shape ->
+          if dtype && Nx.type(t) != dtype do
+            raise ArgumentError,
+                  "#{fun}: expected #{name} to have the type of q, #{inspect(dtype)}, got #{inspect(Nx.type(t))}"
+          end
+
+          shape
+
+        shape ->
+          layout = if name == "q", do: "{batch, seq_q, heads, head_dim}", else: "{batch, seq_k, kv_heads, head_dim}"
+
+          raise ArgumentError,
+                "#{fun}: expected #{name} to be a rank-4 tensor #{layout}, got shape #{inspect(shape)}"
+      end
+    end
+
+    defp check_tensor!(fun, name, other, _dtype) do
+      raise ArgumentError, "#{fun}: expected #{name} to be an Nx.Tensor, got: #{inspect(other)}"
+    end
+
+    # A finite number, rounded to the nearest f32 (the attribute type on the wire).
+    defp check_f32!(x, fun, name) when is_number(x) do
+      x = x / 1
+
+      case <<x::float-32>> do
+        <<y::float-32>> -> y
+        _ -> raise ArgumentError, "#{fun}: expected #{inspect(name)} to be a finite f32 number, got: #{x}"
+      end
+    rescue
+      ArgumentError ->
+        reraise ArgumentError,
+                "#{fun}: expected #{inspect(name)} to be a finite f32 number, got: #{inspect(x)}",
+                __STACKTRACE__
+    end
+
+    defp check_f32!(x, fun, name) do
+      raise ArgumentError, "#{fun}: expected #{inspect(name)} to be a number, got: #{inspect(x)}"
+    end
+
+    defp window!(_fun, nil, causal), do: {-1, if(causal, do: 0, else: -1)}
+
+    defp window!(fun, {left, right} = w, causal) when is_integer(left) and is_integer(right) do
+      if left < -1 or right < -1 do
+        raise ArgumentError,
+              "#{fun}: expected :window_size to be {left, right} with each >= 0 or -1 (unbounded), got: #{inspect(w)}"
+      end
+
+      cond do
+        causal and right > 0 ->
+          raise ArgumentError,
+                "#{fun}: causal: true needs the right window to be 0 or -1, got :window_size #{inspect(w)}"
+
+        causal ->
+          {left, 0}
+
+        true ->
+          {left, right}
+      end
+    end
+
+    defp window!(fun, other, _causal) do
+      raise ArgumentError,
+            "#{fun}: expected :window_size to be a tuple {left, right} of integers (-1 for unbounded), got: #{inspect(other)}"
+    end
+
+    defp row_tensor!(_fun, _name, nil, b, default) do
+      Nx.broadcast(Nx.tensor(default, type: {:s, 32}), {b})
+    end
+
+    defp row_tensor!(fun, name, %Nx.Tensor{} = t, b, _default) do
+      case {Nx.type(t), Nx.shape(t), t.vectorized_axes} do
+        {{kind, _}, {^b}, []} when kind in [:s, :u] ->
+          Nx.as_type(t, {:s, 32})
+
+        {type, shape, _} ->
+          raise ArgumentError,
+                "#{fun}: expected #{inspect(name)} to be an integer tensor of shape {#{b}} (one per batch row), " <>
+                  "got #{inspect(type)} of shape #{inspect(shape)}" <>
+                  if(t.vectorized_axes != [], do: " (vectorized)", else: "")
+      end
+    end
+
+    defp row_tensor!(fun, name, other, b, _default) do
+      raise ArgumentError,
+            "#{fun}: expected #{inspect(name)} to be an integer tensor of shape {#{b}}, got: #{inspect(other)}"
+    end
+  end
+end

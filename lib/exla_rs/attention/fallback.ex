@@ -1,0 +1,222 @@
+if Code.ensure_loaded?(Nx) do
+  defmodule ExlaRs.Attention.Fallback do
+    @moduledoc """
+    The pure-Nx implementation of the flash-attention contract: the default
+    functions of the `ExlaRs.Attention.Forward` and `ExlaRs.Attention.Backward`
+    blocks, used wherever no native kernel runs (other Nx backends and compilers,
+    EXLA clients or configurations our kernels do not cover).
+
+    It materialises the `[B, H, Sq, Sk]` logits, so it takes O(Sq·Sk) memory; the
+    fused kernels do not. Numerics follow the kernels: `f16`/`bf16` inputs are
+    widened to `f32` before every product and sum (`f64` stays `f64`), the
+    softmax subtracts the row maximum of the visible logits, and a row with no
+    visible key yields `lse = -inf` and `o = 0`, never NaN.
+
+    Every function here takes already validated arguments (see `ExlaRs.Attention`).
+    """
+
+    alias ExlaRs.Attention.{Backward, Forward}
+
+    @doc """
+    The forward pass: `{o, lse}` (plus a zero `u8` workspace when the tag has one).
+
+    `q` is `[B, Sq, H, D]`, `k` and `v` are `[B, Sk, Hkv, D]`, `kv_len` and
+    `q_start` are `s32[B]`. `o` is `[B, Sq, H, D]` in the type of `q`, `lse` is
+    `f32[B, H, Sq]` (`f64` for `f64` inputs).
+    """
+    def forward(%Forward{} = tag, q, k, v, kv_len, q_start) do
+      {b, sq, h, d} = Nx.shape(q)
+      acc = acc_type(Nx.type(q))
+
+      %{s: s, mask: mask} = logits(tag, q, k, kv_len, q_start, acc)
+
+      # Hidden logits become -inf before exp (exp(-inf) = 0): exp never sees a
+      # hidden logit above the row maximum, so it cannot overflow.
+      masked = Nx.select(mask, s, Nx.Constants.neg_infinity(acc))
+      row_max = Nx.reduce_max(masked, axes: [4], keep_axes: true)
+      # A row with no visible key has max -inf; shift it by 0 instead (its p is all 0).
+      row_max = Nx.select(Nx.is_infinity(row_max), Nx.tensor(0, type: acc), row_max)
+      p = Nx.exp(Nx.subtract(masked, row_max))
+      l = Nx.sum(p, axes: [4], keep_axes: true)
+      # log(0) = -inf: exactly the contract's lse for an empty row.
+      lse = Nx.add(Nx.log(l), row_max)
+
+      vf = heads_first(v, acc)
+      # p [B, Hkv, G, Sq, Sk] . v [B, Hkv, Sk, D] -> [B, Hkv, G, Sq, D]
+      o = Nx.dot(p, [4], [0, 1], vf, [2], [0, 1])
+      o = Nx.divide(o, Nx.select(Nx.greater(l, 0), l, Nx.tensor(1, type: acc)))
+
+      o =
+        o
+        |> Nx.transpose(axes: [0, 3, 1, 2, 4])
+        |> Nx.reshape({b, sq, h, d})
+        |> Nx.as_type(Nx.type(q))
+
+      lse = lse |> Nx.reshape({b, h, sq}) |> Nx.as_type(lse_type(Nx.type(q)))
+
+      with_workspace({o, lse}, tag.workspace)
+    end
+
+    @doc """
+    The backward pass: `{dq, dk, dv}` (plus a zero `u8` workspace when the tag has
+    one), the gradients of `sum(o * do)` with respect to `q`, `k` and `v`, given
+    the forward's own `o` and `lse`.
+    """
+    def backward(%Backward{} = tag, q, k, v, kv_len, q_start, o, lse, d_o) do
+      {dq, dk, dv} = grads(tag, q, k, v, kv_len, q_start, o, lse, d_o, nil)
+      with_workspace({dq, dk, dv}, tag.workspace)
+    end
+
+    @doc """
+    The gradients of `sum(o * do) + sum(lse * dlse)` with respect to `q`, `k`, `v`.
+
+    `backward/9` is this with `dlse = 0`; `ExlaRs.Attention.attention_with_lse/4`
+    uses it for the part of the gradient that flows through `lse` (the native
+    backward only takes `do`). `d_o` or `dlse` may be `nil` for zero.
+    """
+    def grads(tag, q, k, v, kv_len, q_start, o, lse, d_o, dlse) do
+      {b, sq, h, d} = Nx.shape(q)
+      {_, sk, hkv, _} = Nx.shape(k)
+      g = div(h, hkv)
+      acc = acc_type(Nx.type(q))
+      zero = Nx.tensor(0, type: acc)
+
+      %{x: _x, s: s, mask: mask, qf: qf, kf: kf} = logits(tag, q, k, kv_len, q_start, acc)
+
+      lse = lse |> Nx.as_type(acc) |> Nx.reshape({b, hkv, g, sq, 1})
+      empty = Nx.is_infinity(lse)
+      lse_safe = Nx.select(empty, zero, lse)
+      visible = Nx.logical_and(mask, Nx.broadcast(Nx.logical_not(empty), Nx.shape(mask)))
+      p = Nx.exp(Nx.subtract(Nx.select(visible, s, Nx.Constants.neg_infinity(acc)), lse_safe))
+
+      # ds = p * (dp - delta + dlse), the gradient with respect to the (soft-capped) logits.
+      {dv, inner} =
+        if d_o do
+          dof = groups_first(d_o, hkv, acc)
+          of = groups_first(o, hkv, acc)
+          vf = heads_first(v, acc)
+
+          # p [B, Hkv, G, Sq, Sk] x do [B, Hkv, G, Sq, D] over (G, Sq) -> [B, Hkv, Sk, D]
+          dv = Nx.dot(p, [2, 3], [0, 1], dof, [2, 3], [0, 1]) |> Nx.transpose(axes: [0, 2, 1, 3])
+          # do [B, Hkv, G, Sq, D] . v [B, Hkv, Sk, D] -> [B, Hkv, G, Sq, Sk]
+          dp = Nx.dot(dof, [4], [0, 1], vf, [3], [0, 1])
+          # delta = rowsum(do * o): [B, Hkv, G, Sq, 1]
+          delta = Nx.multiply(dof, of) |> Nx.sum(axes: [4], keep_axes: true)
+
+          {dv, Nx.subtract(dp, delta)}
+        else
+          {Nx.broadcast(zero, {b, sk, hkv, d}), nil}
+        end
+
+      inner =
+        case dlse do
+          nil ->
+            inner
+
+          dlse ->
+            dlse = dlse |> Nx.as_type(acc) |> Nx.reshape({b, hkv, g, sq, 1})
+            if inner, do: Nx.add(inner, dlse), else: dlse
+        end
+
+      ds = if inner, do: Nx.multiply(p, inner), else: Nx.broadcast(zero, Nx.shape(p))
+
+      # Through the soft cap: d(c * tanh(x / c))/dx = 1 - tanh^2 = 1 - (s / c)^2.
+      dx =
+        if tag.softcap > 0 do
+          t = Nx.divide(s, tag.softcap)
+          Nx.multiply(ds, Nx.subtract(1, Nx.multiply(t, t)))
+        else
+          ds
+        end
+
+      dx = Nx.multiply(dx, tag.scale)
+
+      # dx [B, Hkv, G, Sq, Sk] . k [B, Hkv, Sk, D] -> [B, Hkv, G, Sq, D]
+      dq =
+        Nx.dot(dx, [4], [0, 1], kf, [2], [0, 1])
+        |> Nx.transpose(axes: [0, 3, 1, 2, 4])
+        |> Nx.reshape({b, sq, h, d})
+
+      # dx [B, Hkv, G, Sq, Sk] x q [B, Hkv, G, Sq, D] over (G, Sq) -> [B, Hkv, Sk, D]
+      dk = Nx.dot(dx, [2, 3], [0, 1], qf, [2, 3], [0, 1]) |> Nx.transpose(axes: [0, 2, 1, 3])
+
+      {Nx.as_type(dq, Nx.type(q)), Nx.as_type(dk, Nx.type(k)), Nx.as_type(dv, Nx.type(v))}
+    end
+
+    @doc false
+    # The (scaled, soft-capped) logits and the visibility mask, both
+    # [B, Hkv, G, Sq, Sk]; query head h = hkv * G + g reads kv head hkv.
+    def logits(tag, q, k, kv_len, q_start, acc) do
+      {b, sq, _h, _d} = Nx.shape(q)
+      {_, sk, hkv, _} = Nx.shape(k)
+
+      qf = groups_first(q, hkv, acc)
+      kf = heads_first(k, acc)
+
+      # q [B, Hkv, G, Sq, D] . k [B, Hkv, Sk, D] -> [B, Hkv, G, Sq, Sk]
+      x = Nx.dot(qf, [4], [0, 1], kf, [3], [0, 1]) |> Nx.multiply(tag.scale)
+
+      s =
+        if tag.softcap > 0 do
+          Nx.multiply(Nx.tanh(Nx.divide(x, tag.softcap)), tag.softcap)
+        else
+          x
+        end
+
+      # Nx.select takes its shape from the predicate: give the mask the logits' shape.
+      mask = tag |> mask(kv_len, q_start, b, sq, sk) |> Nx.broadcast(Nx.shape(x))
+      %{x: x, s: s, qf: qf, kf: kf, mask: mask}
+    end
+
+    @doc false
+    # visible(i, j) <=> j < kv_len[b] and (wl < 0 or j >= q_start[b] + i - wl)
+    #                                  and (wr < 0 or j <= q_start[b] + i + wr)
+    # In s64 so that no window or position can overflow.
+    def mask(tag, kv_len, q_start, b, sq, sk) do
+      i = Nx.iota({1, sq, 1}, axis: 1, type: {:s, 64})
+      j = Nx.iota({1, 1, sk}, axis: 2, type: {:s, 64})
+      kv_len = kv_len |> Nx.as_type({:s, 64}) |> Nx.reshape({b, 1, 1})
+      pos = q_start |> Nx.as_type({:s, 64}) |> Nx.reshape({b, 1, 1}) |> Nx.add(i)
+
+      visible = Nx.broadcast(Nx.less(j, kv_len), {b, sq, sk})
+
+      visible =
+        if tag.window_left >= 0,
+          do: Nx.logical_and(visible, Nx.greater_equal(j, Nx.subtract(pos, tag.window_left))),
+          else: visible
+
+      visible =
+        if tag.window_right >= 0,
+          do: Nx.logical_and(visible, Nx.less_equal(j, Nx.add(pos, tag.window_right))),
+          else: visible
+
+      Nx.reshape(visible, {b, 1, 1, sq, sk})
+    end
+
+    # [B, S, Hkv, D] -> [B, Hkv, S, D] (Nx.dot wants the batch axes leading)
+    defp heads_first(t, acc), do: t |> Nx.as_type(acc) |> Nx.transpose(axes: [0, 2, 1, 3])
+
+    # [B, S, H, D] -> [B, Hkv, G, S, D] with h = hkv * G + g
+    defp groups_first(t, hkv, acc) do
+      {b, s, h, d} = Nx.shape(t)
+
+      t
+      |> Nx.as_type(acc)
+      |> Nx.reshape({b, s, hkv, div(h, hkv), d})
+      |> Nx.transpose(axes: [0, 2, 3, 1, 4])
+    end
+
+    @doc false
+    def acc_type({:f, 64}), do: {:f, 64}
+    def acc_type(_), do: {:f, 32}
+
+    @doc false
+    def lse_type({:f, 64}), do: {:f, 64}
+    def lse_type(_), do: {:f, 32}
+
+    defp with_workspace(tuple, 0), do: tuple
+
+    defp with_workspace(tuple, bytes) when bytes > 0,
+      do: Tuple.insert_at(tuple, tuple_size(tuple), Nx.broadcast(Nx.tensor(0, type: {:u, 8}), {bytes}))
+  end
+end

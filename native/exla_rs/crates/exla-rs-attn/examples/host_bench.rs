@@ -1,0 +1,74 @@
+//! Times the Host kernels without XLA: `cargo run --release -p exla-rs-attn --example host_bench
+//! [S] [reps]`. B=1, H=8, D=64, f32, causal and not. `EXLA_RS_HOST_ISA=avx2|scalar` narrows the ISA.
+
+use exla_rs_attn::host::{backward, forward, BwdInputs, BwdOutputs, FwdInputs, FwdOutputs};
+use exla_rs_attn::{AttnOptions, AttnShape};
+use std::time::Instant;
+
+/// Process CPU seconds (user + system) from /proc/self/stat: with other jobs sharing the cores,
+/// CPU time tells kernel changes apart where wall time is noise.
+fn cpu_secs() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    let after = stat.rsplit(')').next().unwrap_or("");
+    let f: Vec<f64> = after.split_whitespace().filter_map(|x| x.parse().ok()).collect();
+    // Fields after the command: state(skipped: not numeric) ppid.. utime is field 14 overall.
+    if f.len() > 12 { (f[10] + f[11]) / 100.0 } else { 0.0 }
+}
+
+fn main() {
+    let args: Vec<usize> = std::env::args().skip(1).filter_map(|a| a.parse().ok()).collect();
+    let s = args.first().copied().unwrap_or(2048);
+    let reps = args.get(1).copied().unwrap_or(5);
+    let shape = AttnShape { batch: 1, seq_q: s, seq_k: s, heads: 8, kv_heads: 8, head_dim: 64 };
+    let mut seed = 0x1234_5678u64;
+    let mut rnd = |n: usize| -> Vec<f32> {
+        (0..n)
+            .map(|_| {
+                seed ^= seed << 13;
+                seed ^= seed >> 7;
+                seed ^= seed << 17;
+                (seed >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
+            })
+            .collect()
+    };
+    let (q, k, v, d_o) = (rnd(shape.q_len()), rnd(shape.kv_len()), rnd(shape.kv_len()), rnd(shape.q_len()));
+    let kv_len = [s as i32];
+    let q_start = [0];
+    for causal in [false, true] {
+        let opts = AttnOptions { scale: 0.125, softcap: 0.0, window_left: -1, window_right: if causal { 0 } else { -1 } };
+        let mut o = vec![0f32; q.len()];
+        let mut lse = vec![0f32; shape.lse_len()];
+        let (mut dq, mut dk, mut dv) = (vec![0f32; q.len()], vec![0f32; k.len()], vec![0f32; v.len()]);
+        let (mut tf, mut tb) = (f64::INFINITY, f64::INFINITY);
+        let (mut cf, mut cb) = (0.0, 0.0);
+        for _ in 0..reps {
+            let c0 = cpu_secs();
+            let t = Instant::now();
+            forward(&shape, &opts, FwdInputs { q: &q, k: &k, v: &v, kv_len: &kv_len, q_start: &q_start }, FwdOutputs { o: &mut o, lse: &mut lse }, &mut []).unwrap();
+            tf = tf.min(t.elapsed().as_secs_f64());
+            let c1 = cpu_secs();
+            cf += c1 - c0;
+            let t = Instant::now();
+            backward(
+                &shape,
+                &opts,
+                BwdInputs { q: &q, k: &k, v: &v, kv_len: &kv_len, q_start: &q_start, o: &o, lse: &lse, d_o: &d_o },
+                BwdOutputs { dq: &mut dq, dk: &mut dk, dv: &mut dv },
+                &mut [],
+            )
+            .unwrap();
+            tb = tb.min(t.elapsed().as_secs_f64());
+            cb += cpu_secs() - c1;
+        }
+        let flops = 4.0 * (s * s * 8 * 64) as f64 / if causal { 2.0 } else { 1.0 };
+        println!(
+            "S={s} causal={causal}: fwd {:.1} ms ({:.1} GFLOP/s), bwd {:.1} ms ({:.1} GFLOP/s), fwd+bwd {:.1} ms",
+            tf * 1e3,
+            flops / tf / 1e9,
+            tb * 1e3,
+            2.5 * flops / tb / 1e9,
+            (tf + tb) * 1e3
+        );
+        println!("    cpu time per call: fwd {:.0} ms, bwd {:.0} ms", cf / reps as f64 * 1e3, cb / reps as f64 * 1e3);
+    }
+}

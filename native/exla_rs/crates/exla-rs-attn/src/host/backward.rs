@@ -1,0 +1,203 @@
+//! Backward pass (FlashAttention-2 order): one rayon task per (batch, kv head, block of `BC`
+//! keys). A task owns its dK/dV rows outright, loops over the query heads of its GQA group and
+//! the query blocks that can see its keys, recomputes `P` from the saved `lse`, and adds its
+//! share of dQ into an f32 accumulator per (batch, head, query block) under that block's mutex.
+//! This keeps both cores busy even for B·Hkv = 1 (Sk/BC tasks) with no S×S buffer; a lock is
+//! held for `BR·D` additions against `~5·BR·BC·D` FMAs of work, so contention is negligible.
+//!
+//! Scores are taken w.r.t. `x = qs·k` with `qs = scale·q` packed once, so `dK = dXᵀ·qs` and
+//! `dQ = dX·(scale·k)` need no extra scaling pass.
+
+use std::sync::Mutex;
+
+use rayon::prelude::*;
+
+use super::forward::{BC, BR};
+use super::kernels::{Gemm, Isa, LOG2_E, PAD};
+use super::{round_up, BwdInputs, BwdOutputs, HostElement, SyncPtr};
+use crate::{AttnOptions, AttnShape, KeyRange};
+
+struct Scratch {
+    kt: Vec<f32>,
+    vt: Vec<f32>,
+    ks: Vec<f32>,
+    dk: Vec<f32>,
+    dv: Vec<f32>,
+    s: Vec<f32>,
+    dp: Vec<f32>,
+    p: Vec<f32>,
+    tmp: Vec<f32>,
+    ranges: Vec<KeyRange>,
+}
+
+pub(super) fn run<T: HostElement, K: Isa>(shape: &AttnShape, opts: &AttnOptions, inp: BwdInputs<'_, T>, out: BwdOutputs<'_, T>) {
+    let AttnShape { batch, seq_q: sq, seq_k: sk, heads: h, kv_heads: hkv, head_dim: d } = *shape;
+    if batch == 0 {
+        return;
+    }
+    if sk == 0 || sq == 0 {
+        // Nothing is visible anywhere: all gradients are 0.
+        out.dq.fill(T::from_f32(0.0));
+        out.dk.fill(T::from_f32(0.0));
+        out.dv.fill(T::from_f32(0.0));
+        return;
+    }
+    let g = shape.group();
+    let dp = round_up(d, PAD);
+    let nqb = sq.div_ceil(BR);
+    let nkb = sk.div_ceil(BC);
+
+    // Per (b, head) packs: qs = scale·q and dO as padded f32 rows; Δ = rowsum(dO∘O); lse·log2(e).
+    let mut qs = vec![0f32; batch * h * sq * dp];
+    let mut dop = vec![0f32; batch * h * sq * dp];
+    let mut di = vec![0f32; batch * h * sq];
+    let mut lse2 = vec![0f32; batch * h * sq];
+    qs.par_chunks_mut(sq * dp)
+        .zip(dop.par_chunks_mut(sq * dp))
+        .zip(di.par_chunks_mut(sq).zip(lse2.par_chunks_mut(sq)))
+        .enumerate()
+        .for_each(|(bhq, ((qs, dop), (di, lse2)))| {
+            let (b, hq) = (bhq / h, bhq % h);
+            for i in 0..sq {
+                let src = ((b * sq + i) * h + hq) * d;
+                let mut acc = 0f32;
+                for dd in 0..d {
+                    let dov = inp.d_o[src + dd].to_f32();
+                    qs[i * dp + dd] = opts.scale * inp.q[src + dd].to_f32();
+                    dop[i * dp + dd] = dov;
+                    acc += dov * inp.o[src + dd].to_f32();
+                }
+                di[i] = acc;
+                lse2[i] = inp.lse[bhq * sq + i] * LOG2_E;
+            }
+        });
+    let dq_acc: Vec<Mutex<Vec<f32>>> =
+        (0..batch * h * nqb).map(|t| Mutex::new(vec![0f32; BR.min(sq - (t % nqb) * BR) * dp])).collect();
+
+    let dk_ptr = SyncPtr(out.dk.as_mut_ptr());
+    let dv_ptr = SyncPtr(out.dv.as_mut_ptr());
+    let (qs, dop, di, lse2, dq_acc) = (&qs[..], &dop[..], &di[..], &lse2[..], &dq_acc[..]);
+    (0..batch * hkv * nkb).into_par_iter().for_each_init(
+        || Scratch {
+            kt: vec![0.0; d * BC],
+            vt: vec![0.0; d * BC],
+            ks: vec![0.0; BC * dp],
+            dk: vec![0.0; BC * dp],
+            dv: vec![0.0; BC * dp],
+            s: vec![0.0; BR * BC],
+            dp: vec![0.0; BR * BC],
+            p: vec![0.0; BR * BC],
+            tmp: vec![0.0; BR * dp],
+            ranges: Vec::with_capacity(BR),
+        },
+        |scr, task| {
+            let (bkv, kb) = (task / nkb, task % nkb);
+            let (b, kvh) = (bkv / hkv, bkv % hkv);
+            let j0 = kb * BC;
+            let cols = BC.min(sk - j0);
+            let (kvl, qst) = (inp.kv_len[b], inp.q_start[b]);
+
+            // Pack this key block: K^T and V^T (B operands of S and dP) and scale·K (of dQ).
+            // Columns/rows past `cols` are zeroed: the scratch may hold a previous task's tile.
+            scr.kt.fill(0.0);
+            scr.vt.fill(0.0);
+            scr.ks.fill(0.0);
+            for c in 0..cols {
+                let src = ((b * sk + j0 + c) * hkv + kvh) * d;
+                for dd in 0..d {
+                    let kv = inp.k[src + dd].to_f32();
+                    scr.kt[dd * BC + c] = kv;
+                    scr.vt[dd * BC + c] = inp.v[src + dd].to_f32();
+                    scr.ks[c * dp + dd] = opts.scale * kv;
+                }
+            }
+            scr.dk.fill(0.0);
+            scr.dv.fill(0.0);
+
+            for hq in kvh * g..(kvh + 1) * g {
+                let bhq = b * h + hq;
+                for qb in 0..nqb {
+                    let i0 = qb * BR;
+                    let rows = BR.min(sq - i0);
+                    let block = KeyRange::for_rows(opts, sk, kvl, qst, i0, i0 + rows);
+                    if block.is_empty() || block.end <= j0 || block.start >= j0 + cols {
+                        continue;
+                    }
+                    let row0 = bhq * sq + i0;
+                    scr.ranges.clear();
+                    scr.ranges.extend((0..rows).map(|r| KeyRange::for_row(opts, sk, kvl, qst, i0 + r)));
+                    let qblk = &qs[row0 * dp..(row0 + rows) * dp];
+                    let doblk = &dop[row0 * dp..(row0 + rows) * dp];
+                    // SAFETY (all gemms below): extents match the buffers sized above.
+                    unsafe {
+                        K::gemm(Gemm { m: rows, n: BC, k: d, a: qblk.as_ptr(), a_rs: dp, a_cs: 1, b: scr.kt.as_ptr(), ldb: BC, c: scr.s.as_mut_ptr(), ldc: BC, accumulate: false });
+                        K::gemm(Gemm { m: rows, n: BC, k: d, a: doblk.as_ptr(), a_rs: dp, a_cs: 1, b: scr.vt.as_ptr(), ldb: BC, c: scr.dp.as_mut_ptr(), ldc: BC, accumulate: false });
+                    }
+                    let (mut clo, mut chi) = (BC, 0);
+                    for r in 0..rows {
+                        let rg = scr.ranges[r];
+                        let a = rg.start.saturating_sub(j0).min(cols);
+                        let e = rg.end.saturating_sub(j0).min(cols);
+                        let l2 = lse2[row0 + r];
+                        let (srow, prow) = (&mut scr.s[r * BC..(r + 1) * BC], &mut scr.p[r * BC..(r + 1) * BC]);
+                        if a >= e || !l2.is_finite() {
+                            // Masked in this tile, or a row the forward found fully masked.
+                            srow.fill(0.0);
+                            prow.fill(0.0);
+                            continue;
+                        }
+                        // SAFETY: rows of BC elements; a < e ≤ cols ≤ BC.
+                        unsafe {
+                            K::bwd_row(srow.as_mut_ptr(), scr.dp[r * BC..].as_ptr(), prow.as_mut_ptr(), BC, a, e, opts.softcap, l2, di[row0 + r]);
+                        }
+                        clo = clo.min(a);
+                        chi = chi.max(e);
+                    }
+                    if clo >= chi {
+                        continue;
+                    }
+                    let kw = chi - clo;
+                    unsafe {
+                        // dV[clo..chi] += Pᵀ·dO ; dK[clo..chi] += dXᵀ·qs (A transposed by strides).
+                        K::gemm(Gemm { m: kw, n: dp, k: rows, a: scr.p.as_ptr().add(clo), a_rs: 1, a_cs: BC, b: doblk.as_ptr(), ldb: dp, c: scr.dv.as_mut_ptr().add(clo * dp), ldc: dp, accumulate: true });
+                        K::gemm(Gemm { m: kw, n: dp, k: rows, a: scr.s.as_ptr().add(clo), a_rs: 1, a_cs: BC, b: qblk.as_ptr(), ldb: dp, c: scr.dk.as_mut_ptr().add(clo * dp), ldc: dp, accumulate: true });
+                        // This block's share of dQ = dX·(scale·K), added under the block's lock.
+                        K::gemm(Gemm { m: rows, n: dp, k: kw, a: scr.s.as_ptr().add(clo), a_rs: BC, a_cs: 1, b: scr.ks.as_ptr().add(clo * dp), ldb: dp, c: scr.tmp.as_mut_ptr(), ldc: dp, accumulate: false });
+                    }
+                    let mut acc = dq_acc[bhq * nqb + qb].lock().unwrap_or_else(|e| e.into_inner());
+                    for (x, y) in acc.iter_mut().zip(&scr.tmp[..rows * dp]) {
+                        *x += *y;
+                    }
+                }
+            }
+
+            // SAFETY: task (b, kvh, kb) alone writes rows j0..j0+cols of kv head kvh in batch b.
+            unsafe {
+                for c in 0..cols {
+                    let dst = ((b * sk + j0 + c) * hkv + kvh) * d;
+                    for dd in 0..d {
+                        *dk_ptr.get().add(dst + dd) = T::from_f32(scr.dk[c * dp + dd]);
+                        *dv_ptr.get().add(dst + dd) = T::from_f32(scr.dv[c * dp + dd]);
+                    }
+                }
+            }
+        },
+    );
+
+    let dq_ptr = SyncPtr(out.dq.as_mut_ptr());
+    (0..batch * h * nqb).into_par_iter().for_each(|t| {
+        let (bhq, qb) = (t / nqb, t % nqb);
+        let (b, hq) = (bhq / h, bhq % h);
+        let acc = dq_acc[t].lock().unwrap_or_else(|e| e.into_inner());
+        let rows = acc.len() / dp;
+        // SAFETY: block (b, hq, qb) alone writes dq[b, qb·BR.., hq, :].
+        unsafe {
+            for r in 0..rows {
+                let dst = ((b * sq + qb * BR + r) * h + hq) * d;
+                for dd in 0..d {
+                    *dq_ptr.get().add(dst + dd) = T::from_f32(acc[r * dp + dd]);
+                }
+            }
+        }
+    });
+}

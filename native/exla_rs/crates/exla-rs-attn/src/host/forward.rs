@@ -1,0 +1,194 @@
+//! Forward pass: tiled online softmax (FlashAttention-2 order: each task owns a block of query
+//! rows and streams the key tiles its rows can see).
+//!
+//! Layout of the packed operands (f32, built once per call, O(B·Hkv·Sk·D)):
+//! - `kt[b, kvh, tile, d, c]` = `k[b, tile·BC + c, kvh, d]`: each tile is `K^T`, so `S = Q·K^T`
+//!   runs with K as the row-major B operand of the GEMM; keys past `Sk` are 0.
+//! - `vp[b, kvh, j, d]` = `v[b, j, kvh, d]`, rows padded to `dp` (a multiple of `PAD`).
+//! Query rows are packed per task, pre-multiplied by `scale`.
+
+use rayon::prelude::*;
+
+use super::kernels::{Gemm, Isa, PAD};
+use super::{round_up, FwdInputs, FwdOutputs, HostElement, SyncPtr};
+use crate::{AttnOptions, AttnShape, KeyRange};
+
+/// Query rows per task.
+pub(crate) const BR: usize = 64;
+/// Keys per tile (a multiple of `PAD`).
+pub(crate) const BC: usize = 64;
+
+/// Per-thread scratch, reused across tasks.
+struct Scratch {
+    qs: Vec<f32>,
+    s: Vec<f32>,
+    o: Vec<f32>,
+    m: Vec<f32>,
+    l: Vec<f32>,
+    ranges: Vec<KeyRange>,
+}
+
+pub(super) fn run<T: HostElement, K: Isa>(shape: &AttnShape, opts: &AttnOptions, inp: FwdInputs<'_, T>, out: FwdOutputs<'_, T>) {
+    let AttnShape { batch, seq_q: sq, seq_k: sk, heads: h, kv_heads: hkv, head_dim: d } = *shape;
+    if batch == 0 || sq == 0 {
+        return;
+    }
+    if sk == 0 {
+        // No keys at all: every row is fully masked.
+        out.o.fill(T::from_f32(0.0));
+        out.lse.fill(f32::NEG_INFINITY);
+        return;
+    }
+    let g = shape.group();
+    let dp = round_up(d, PAD);
+    let ntk = sk.div_ceil(BC);
+
+    let mut kt = vec![0f32; batch * hkv * ntk * d * BC];
+    let mut vp = vec![0f32; batch * hkv * ntk * BC * dp];
+    kt.par_chunks_mut(ntk * d * BC)
+        .zip(vp.par_chunks_mut(ntk * BC * dp))
+        .enumerate()
+        .for_each(|(bh, (kt, vp))| {
+            let (b, kvh) = (bh / hkv, bh % hkv);
+            for j in 0..sk {
+                let src = ((b * sk + j) * hkv + kvh) * d;
+                let (tile, c) = (j / BC, j % BC);
+                for dd in 0..d {
+                    kt[(tile * d + dd) * BC + c] = inp.k[src + dd].to_f32();
+                    vp[j * dp + dd] = inp.v[src + dd].to_f32();
+                }
+            }
+        });
+
+    let nqb = sq.div_ceil(BR);
+    let o_ptr = SyncPtr(out.o.as_mut_ptr());
+    let lse_ptr = SyncPtr(out.lse.as_mut_ptr());
+    let (kt, vp) = (&kt[..], &vp[..]);
+    (0..batch * h * nqb).into_par_iter().for_each_init(
+        || Scratch {
+            qs: vec![0.0; BR * dp],
+            s: vec![0.0; BR * BC],
+            o: vec![0.0; BR * dp],
+            m: vec![0.0; BR],
+            l: vec![0.0; BR],
+            ranges: Vec::with_capacity(BR),
+        },
+        |scr, task| {
+            let (bhq, qb) = (task / nqb, task % nqb);
+            let (b, hq) = (bhq / h, bhq % h);
+            let bkv = b * hkv + hq / g;
+            let i0 = qb * BR;
+            let rows = BR.min(sq - i0);
+            let (kvl, qst) = (inp.kv_len[b], inp.q_start[b]);
+            scr.ranges.clear();
+            scr.ranges.extend((0..rows).map(|r| KeyRange::for_row(opts, sk, kvl, qst, i0 + r)));
+            let block = KeyRange::for_rows(opts, sk, kvl, qst, i0, i0 + rows);
+
+            scr.m[..rows].fill(f32::NEG_INFINITY);
+            scr.l[..rows].fill(0.0);
+            if !block.is_empty() {
+                for r in 0..rows {
+                    let src = ((b * sq + i0 + r) * h + hq) * d;
+                    for dd in 0..d {
+                        // Padding columns d..dp are never written, so they stay 0.
+                        scr.qs[r * dp + dd] = opts.scale * inp.q[src + dd].to_f32();
+                    }
+                }
+                scr.o[..rows * dp].fill(0.0);
+                let kt = &kt[bkv * ntk * d * BC..(bkv + 1) * ntk * d * BC];
+                let vp = &vp[bkv * ntk * BC * dp..(bkv + 1) * ntk * BC * dp];
+                for tile in block.start / BC..block.end.div_ceil(BC) {
+                    step::<K>(scr, opts, rows, d, dp, tile, kt, vp);
+                }
+            }
+
+            // SAFETY: task (b, hq, qb) alone writes o[b, i0..i0+rows, hq, :] and
+            // lse[b, hq, i0..i0+rows]; all indices are < the checked lengths.
+            unsafe {
+                for r in 0..rows {
+                    let dst = o_ptr.get().add(((b * sq + i0 + r) * h + hq) * d);
+                    let l = scr.l[r];
+                    let lse = lse_ptr.get().add((b * h + hq) * sq + i0 + r);
+                    if l > 0.0 {
+                        let inv = 1.0 / l;
+                        for dd in 0..d {
+                            *dst.add(dd) = T::from_f32(scr.o[r * dp + dd] * inv);
+                        }
+                        *lse = (scr.m[r] + l.log2()) * std::f32::consts::LN_2;
+                    } else {
+                        for dd in 0..d {
+                            *dst.add(dd) = T::from_f32(0.0);
+                        }
+                        *lse = f32::NEG_INFINITY;
+                    }
+                }
+            }
+        },
+    );
+}
+
+/// One key tile for one block of query rows: `S = Qs·K^T`, the online-softmax update of every
+/// row, then `O += P·V` over the tile's columns that any row sees.
+#[allow(clippy::too_many_arguments)]
+fn step<K: Isa>(scr: &mut Scratch, opts: &AttnOptions, rows: usize, d: usize, dp: usize, tile: usize, kt: &[f32], vp: &[f32]) {
+    let j0 = tile * BC;
+    let kt_tile = &kt[tile * d * BC..(tile + 1) * d * BC];
+    // SAFETY: qs is rows×dp (k = d ≤ dp columns read), kt_tile is d×BC, s is BR×BC.
+    unsafe {
+        K::gemm(Gemm {
+            m: rows,
+            n: BC,
+            k: d,
+            a: scr.qs.as_ptr(),
+            a_rs: dp,
+            a_cs: 1,
+            b: kt_tile.as_ptr(),
+            ldb: BC,
+            c: scr.s.as_mut_ptr(),
+            ldc: BC,
+            accumulate: false,
+        });
+    }
+    let (mut clo, mut chi) = (BC, 0);
+    for r in 0..rows {
+        let rg = scr.ranges[r];
+        let a = rg.start.saturating_sub(j0).min(BC);
+        let b = rg.end.saturating_sub(j0).min(BC);
+        let srow = &mut scr.s[r * BC..(r + 1) * BC];
+        if a >= b {
+            // Nothing visible in this tile: the row adds nothing to O.
+            srow.fill(0.0);
+            continue;
+        }
+        // SAFETY: srow has BC elements, a < b ≤ BC.
+        let (m_new, sum) = unsafe { K::fwd_row(srow.as_mut_ptr(), BC, a, b, opts.softcap, scr.m[r]) };
+        let alpha = (scr.m[r] - m_new).exp2();
+        if alpha != 1.0 {
+            for x in &mut scr.o[r * dp..(r + 1) * dp] {
+                *x *= alpha;
+            }
+        }
+        scr.l[r] = scr.l[r] * alpha + sum;
+        scr.m[r] = m_new;
+        clo = clo.min(a);
+        chi = chi.max(b);
+    }
+    if clo < chi {
+        // SAFETY: s columns clo..chi < BC; vp rows j0+clo..j0+chi lie inside the padded tile.
+        unsafe {
+            K::gemm(Gemm {
+                m: rows,
+                n: dp,
+                k: chi - clo,
+                a: scr.s.as_ptr().add(clo),
+                a_rs: BC,
+                a_cs: 1,
+                b: vp.as_ptr().add((j0 + clo) * dp),
+                ldb: dp,
+                c: scr.o.as_mut_ptr(),
+                ldc: dp,
+                accumulate: true,
+            });
+        }
+    }
+}

@@ -1,0 +1,241 @@
+//! The inner loops, written once and instantiated per ISA (AVX-512, AVX2+FMA, scalar) by
+//! `isa_kernels!`, each instance compiled under its own `target_feature` so the primitives of
+//! `simd.rs` inline into it. Drivers (`forward.rs`, `backward.rs`) reach them through [`Isa`].
+//!
+//! Three kernels:
+//! - `gemm`: `C[m×n] (+)= A[m×k]·B[k×n]`, B and C row-major with `n` a multiple of the lane count,
+//!   A addressed by two strides so a transposed `P` or `dS` needs no copy (A is only ever
+//!   broadcast, one scalar at a time, so its layout costs nothing). Register-blocked
+//!   `R × NV` micro-kernels, all accumulators in registers.
+//! - `fwd_row`: one row of a score tile -> softcap, max, `exp2`, row sum (online softmax step).
+//! - `bwd_row`: one row -> `P = exp(s - lse)` and `dX = P ∘ (dP - Δ) ∘ softcap'`.
+
+/// Every `n` handed to [`Isa::gemm`] and every row stride is a multiple of this, which every
+/// lane count divides.
+pub(crate) const PAD: usize = 16;
+
+pub(crate) const LOG2_E: f32 = std::f32::consts::LOG2_E;
+
+/// One `C (+)= A·B` call. `A[i, p] = a[i·a_rs + p·a_cs]`, `B[p, j] = b[p·ldb + j]`,
+/// `C[i, j] = c[i·ldc + j]`.
+#[derive(Clone, Copy)]
+pub(crate) struct Gemm {
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+    pub a: *const f32,
+    pub a_rs: usize,
+    pub a_cs: usize,
+    pub b: *const f32,
+    pub ldb: usize,
+    pub c: *mut f32,
+    pub ldc: usize,
+    /// false: `C = A·B` (C's old contents ignored); true: `C += A·B`.
+    pub accumulate: bool,
+}
+
+/// The kernels of one instruction set.
+///
+/// # Safety
+/// Callers guarantee every pointer/extent they pass is in bounds, and only use an
+/// implementation whose CPU features were detected ([`super::dispatch`]).
+pub(crate) trait Isa: Send + Sync + 'static {
+    const NAME: &'static str;
+    unsafe fn gemm(g: Gemm);
+    /// One row of a forward tile. `s[0..n]` holds `x = scale·q·k`; columns `[a, b)` (non-empty)
+    /// are visible. Replaces `s` with `p = 2^(s2 - m_new)` (0 outside `[a, b)`), where
+    /// `s2 = log2(e)·softcap(x)` and `m_new = max(m_old, max visible s2)`. Returns `(m_new, Σp)`.
+    unsafe fn fwd_row(s: *mut f32, n: usize, a: usize, b: usize, softcap: f32, m_old: f32) -> (f32, f32);
+    /// One row of a backward tile. `s[0..n]` holds `x`, `dp[0..n]` holds `dO·v`; columns `[a, b)`
+    /// (non-empty) are visible; `lse2 = log2(e)·lse` is finite; `di = Σ dO∘O` of the row. Writes
+    /// `p = 2^(s2 - lse2)` and replaces `s` with `dX = p·(dp - di)·(softcap ? 1 - (s/c)² : 1)`,
+    /// both 0 outside `[a, b)`.
+    unsafe fn bwd_row(s: *mut f32, dp: *const f32, p: *mut f32, n: usize, a: usize, b: usize, softcap: f32, lse2: f32, di: f32);
+}
+
+macro_rules! isa_kernels {
+    ($modname:ident, $ops:ident, $r_main:literal, $nv_main:literal $(, #[$feat:meta])?) => {
+        pub(crate) mod $modname {
+            use super::{Gemm, Isa, LOG2_E};
+            use crate::host::simd::$ops as s;
+            use s::{V, L};
+
+            pub(crate) struct Kernels;
+
+            /// Rows × vector-columns of the main micro-kernel: sized to fill the register file
+            /// (AVX-512: 6×4 zmm accumulators + 4 B vectors + 1 broadcast of 32).
+            const R_MAIN: usize = $r_main;
+            const NV_MAIN: usize = $nv_main;
+
+            $(#[$feat])?
+            #[inline]
+            unsafe fn micro<const R: usize, const NV: usize>(g: &Gemm, i0: usize, j0: usize) {
+                let mut acc: [[V; NV]; R] = [[s::zero(); NV]; R];
+                let c = g.c.add(i0 * g.ldc + j0);
+                if g.accumulate {
+                    for r in 0..R {
+                        for v in 0..NV {
+                            acc[r][v] = s::load(c.add(r * g.ldc + v * L));
+                        }
+                    }
+                }
+                let a = g.a.add(i0 * g.a_rs);
+                let mut b = g.b.add(j0);
+                for p in 0..g.k {
+                    let mut bv: [V; NV] = [s::zero(); NV];
+                    for v in 0..NV {
+                        bv[v] = s::load(b.add(v * L));
+                    }
+                    let ap = a.add(p * g.a_cs);
+                    for r in 0..R {
+                        let av = s::splat(*ap.add(r * g.a_rs));
+                        for v in 0..NV {
+                            acc[r][v] = s::fma(av, bv[v], acc[r][v]);
+                        }
+                    }
+                    b = b.add(g.ldb);
+                }
+                for r in 0..R {
+                    for v in 0..NV {
+                        s::store(c.add(r * g.ldc + v * L), acc[r][v]);
+                    }
+                }
+            }
+
+            /// Picks the micro-kernel instance for an `r × nv` edge block.
+            $(#[$feat])?
+            #[inline]
+            unsafe fn micro_dyn<const NV: usize>(g: &Gemm, r: usize, i0: usize, j0: usize) {
+                match r {
+                    1 => micro::<1, NV>(g, i0, j0),
+                    2 => micro::<2, NV>(g, i0, j0),
+                    3 => micro::<3, NV>(g, i0, j0),
+                    4 => micro::<4, NV>(g, i0, j0),
+                    5 => micro::<5, NV>(g, i0, j0),
+                    _ => micro::<{ R_MAIN }, NV>(g, i0, j0),
+                }
+            }
+
+            $(#[$feat])?
+            unsafe fn gemm(g: Gemm) {
+                debug_assert!(g.n % L == 0);
+                let nvec = g.n / L;
+                let mut jv = 0;
+                // Column panels outermost: one panel of B (k × NV·L) stays in L1 while every
+                // row group streams past it.
+                while jv < nvec {
+                    let nv = (nvec - jv).min(NV_MAIN);
+                    let mut i = 0;
+                    while i < g.m {
+                        let r = (g.m - i).min(R_MAIN);
+                        match nv {
+                            1 => micro_dyn::<1>(&g, r, i, jv * L),
+                            2 if NV_MAIN >= 2 => micro_dyn::<2>(&g, r, i, jv * L),
+                            3 if NV_MAIN >= 3 => micro_dyn::<3>(&g, r, i, jv * L),
+                            _ => micro_dyn::<{ NV_MAIN }>(&g, r, i, jv * L),
+                        }
+                        i += r;
+                    }
+                    jv += nv;
+                }
+            }
+
+            /// `tanh(y) = (e - 1) / (e + 1)`, `e = 2^(2·log2(e)·y)`; the clamp inside `exp2`
+            /// makes both tails exact (±1). Absolute error ~1e-7, which is what the scores need.
+            $(#[$feat])?
+            #[inline]
+            unsafe fn tanh(y: V) -> V {
+                let e = s::exp2(s::mul(y, s::splat(2.0 * LOG2_E)));
+                s::div(s::sub(e, s::splat(1.0)), s::add(e, s::splat(1.0)))
+            }
+
+            $(#[$feat])?
+            unsafe fn fwd_row(sp: *mut f32, n: usize, a: usize, b: usize, softcap: f32, m_old: f32) -> (f32, f32) {
+                // Pass 1: x -> s2 = log2(e)·softcap(x).
+                if softcap > 0.0 {
+                    let inv = s::splat(1.0 / softcap);
+                    let c2 = s::splat(softcap * LOG2_E);
+                    for j in (0..n).step_by(L) {
+                        let x = s::load(sp.add(j));
+                        s::store(sp.add(j), s::mul(c2, tanh(s::mul(x, inv))));
+                    }
+                } else {
+                    let l2e = s::splat(LOG2_E);
+                    for j in (0..n).step_by(L) {
+                        s::store(sp.add(j), s::mul(s::load(sp.add(j)), l2e));
+                    }
+                }
+                // Mask after the softcap (tanh(-inf) would be finite).
+                for j in (0..a).chain(b..n) {
+                    *sp.add(j) = f32::NEG_INFINITY;
+                }
+                // Pass 2: row max.
+                let mut mv = s::splat(f32::NEG_INFINITY);
+                for j in (0..n).step_by(L) {
+                    mv = s::max(mv, s::load(sp.add(j)));
+                }
+                let m_new = s::hmax(mv).max(m_old);
+                // Pass 3: p = 2^(s2 - m) (masked: 2^-inf -> exactly 0) and its sum.
+                let mneg = s::splat(m_new);
+                let mut sum = s::zero();
+                for j in (0..n).step_by(L) {
+                    let p = s::exp2(s::sub(s::load(sp.add(j)), mneg));
+                    sum = s::add(sum, p);
+                    s::store(sp.add(j), p);
+                }
+                (m_new, s::hsum(sum))
+            }
+
+            $(#[$feat])?
+            unsafe fn bwd_row(sp: *mut f32, dp: *const f32, pp: *mut f32, n: usize, a: usize, b: usize, softcap: f32, lse2: f32, di: f32) {
+                let l2 = s::splat(lse2);
+                let dv = s::splat(di);
+                if softcap > 0.0 {
+                    let inv = s::splat(1.0 / softcap);
+                    let c2 = s::splat(softcap * LOG2_E);
+                    let one = s::splat(1.0);
+                    for j in (0..n).step_by(L) {
+                        let t = tanh(s::mul(s::load(sp.add(j)), inv));
+                        let p = s::exp2(s::sub(s::mul(c2, t), l2));
+                        let ds = s::mul(p, s::sub(s::load(dp.add(j)), dv));
+                        // ds/dx = 1 - (s/c)² = 1 - t².
+                        let dx = s::mul(ds, s::sub(one, s::mul(t, t)));
+                        s::store(pp.add(j), p);
+                        s::store(sp.add(j), dx);
+                    }
+                } else {
+                    let l2e = s::splat(LOG2_E);
+                    for j in (0..n).step_by(L) {
+                        let p = s::exp2(s::sub(s::mul(s::load(sp.add(j)), l2e), l2));
+                        let ds = s::mul(p, s::sub(s::load(dp.add(j)), dv));
+                        s::store(pp.add(j), p);
+                        s::store(sp.add(j), ds);
+                    }
+                }
+                for j in (0..a).chain(b..n) {
+                    *pp.add(j) = 0.0;
+                    *sp.add(j) = 0.0;
+                }
+            }
+
+            impl Isa for Kernels {
+                const NAME: &'static str = stringify!($modname);
+                unsafe fn gemm(g: Gemm) {
+                    gemm(g)
+                }
+                unsafe fn fwd_row(s: *mut f32, n: usize, a: usize, b: usize, softcap: f32, m_old: f32) -> (f32, f32) {
+                    fwd_row(s, n, a, b, softcap, m_old)
+                }
+                unsafe fn bwd_row(s: *mut f32, dp: *const f32, p: *mut f32, n: usize, a: usize, b: usize, softcap: f32, lse2: f32, di: f32) {
+                    bwd_row(s, dp, p, n, a, b, softcap, lse2, di)
+                }
+            }
+        }
+    };
+}
+
+#[cfg(target_arch = "x86_64")]
+isa_kernels!(avx512, avx512, 6, 4, #[target_feature(enable = "avx512f")]);
+#[cfg(target_arch = "x86_64")]
+isa_kernels!(avx2, avx2, 6, 2, #[target_feature(enable = "avx2,fma")]);
+isa_kernels!(scalar, scalar, 4, 4);

@@ -1,0 +1,310 @@
+//! Which configurations have a CUDA kernel, how each is launched (the Rust mirror of the kernels'
+//! traits: change both together), and how much workspace a call needs.
+
+use exla_rs_attn::{AttnShape, ElementType, Pass};
+
+/// Head dims with a kernel instantiation (kernels/generate.py).
+pub const HEAD_DIMS: [usize; 6] = [32, 64, 96, 128, 192, 256];
+
+/// Grid y and z hold heads and batch: the hardware caps both at 65535.
+const MAX_GRID_YZ: usize = 65_535;
+
+/// One kernel launch: function, grid, block, dynamic shared memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Launch {
+    /// The instantiation file (module) holding the kernel.
+    pub file: &'static str,
+    pub kernel: &'static str,
+    pub grid: (u32, u32, u32),
+    pub block: u32,
+    pub smem: u32,
+}
+
+/// Why a valid call has no CUDA kernel, or Ok.
+pub fn check_supported(dtype: ElementType, shape: &AttnShape) -> Result<(), String> {
+    if !HEAD_DIMS.contains(&shape.head_dim) {
+        return Err(format!(
+            "no CUDA kernel for head dim D={} ({}); CUDA kernels exist for D in {:?}",
+            shape.head_dim, dtype, HEAD_DIMS
+        ));
+    }
+    if shape.heads > MAX_GRID_YZ || shape.batch > MAX_GRID_YZ {
+        return Err(format!(
+            "CUDA kernels take at most {MAX_GRID_YZ} heads and {MAX_GRID_YZ} batch entries, got H={} B={}",
+            shape.heads, shape.batch
+        ));
+    }
+    let i32_max = i32::MAX as usize;
+    if shape.seq_q > i32_max || shape.seq_k > i32_max || shape.batch * shape.seq_q * shape.heads > i32_max {
+        return Err(format!(
+            "CUDA kernels index rows with 32-bit integers: Sq={} Sk={} B*Sq*H={} is too large",
+            shape.seq_q,
+            shape.seq_k,
+            shape.batch * shape.seq_q * shape.heads
+        ));
+    }
+    Ok(())
+}
+
+fn div_up(a: usize, b: usize) -> u32 {
+    a.div_ceil(b) as u32
+}
+
+fn align256(n: usize) -> usize {
+    n.div_ceil(256) * 256
+}
+
+/// Backward scratch, in this order: delta f32 [B,H,Sq], then (f16/bf16) dq_accum f32 [B,Sq,H,D].
+pub fn bwd_workspace_layout(dtype: ElementType, shape: &AttnShape) -> (usize, usize) {
+    let delta = align256(shape.batch * shape.heads * shape.seq_q * 4);
+    let accum = match dtype {
+        ElementType::F32 => 0,
+        _ => shape.q_len() * 4,
+    };
+    (delta, accum)
+}
+
+/// Bytes of the trailing workspace result; None when CUDA has no kernel for the configuration.
+pub fn workspace_bytes(pass: Pass, dtype: ElementType, shape: &AttnShape) -> Option<usize> {
+    check_supported(dtype, shape).ok()?;
+    Some(match pass {
+        Pass::Forward => 0,
+        Pass::Backward => {
+            let (delta, accum) = bwd_workspace_layout(dtype, shape);
+            if shape.batch * shape.heads * shape.seq_q == 0 {
+                0 // no query rows: nothing to accumulate, the kernels never touch scratch
+            } else {
+                delta + accum
+            }
+        }
+    })
+}
+
+fn dt(dtype: ElementType) -> &'static str {
+    dtype.name()
+}
+
+/// Interned names: the kernels are `extern "C"` symbols named after dtype and head dim.
+fn name(parts: &[&str]) -> &'static str {
+    use std::collections::HashSet;
+    use std::sync::{Mutex, OnceLock};
+    static NAMES: OnceLock<Mutex<HashSet<&'static str>>> = OnceLock::new();
+    let s = parts.concat();
+    let mut set = NAMES.get_or_init(Default::default).lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(&n) = set.get(s.as_str()) {
+        return n;
+    }
+    let leaked: &'static str = Box::leak(s.into_boxed_str());
+    set.insert(leaked);
+    leaked
+}
+
+/// Tensor-core forward tiles (FwdTraits in kernels/flash_fwd.cuh).
+fn fwd_tc_traits(d: usize) -> (usize, usize, usize) {
+    let warps = if d <= 192 { 8 } else { 4 };
+    let block_m = 16 * warps;
+    let block_n = if d <= 128 { 64 } else { 32 };
+    (warps, block_m, block_n)
+}
+
+pub fn fwd_smem_bytes(d: usize) -> usize {
+    let (_, bm, bn) = fwd_tc_traits(d);
+    (bm * d + 4 * bn * d) * 2
+}
+
+/// Tensor-core backward tiles (BwdTraits in kernels/flash_bwd.cuh): (warps, block_m, block_n).
+fn bwd_tc_traits(d: usize) -> (usize, usize, usize) {
+    let warps = 4;
+    let split = if d <= 128 { 1 } else { 2 };
+    let block_n = 16 * warps / split;
+    let block_m = if d <= 96 { 64 } else { 32 };
+    (warps, block_m, block_n)
+}
+
+pub fn bwd_smem_bytes(d: usize) -> usize {
+    let (_, bm, bn) = bwd_tc_traits(d);
+    (2 * bn * d + 2 * bm * d + bn * bm) * 2 + 2 * bm * 4
+}
+
+/// Rows per block of the f32 (SIMT) kernels and the backward preprocess: one warp per row.
+const SIMT_WARPS: usize = 4;
+const AUX_WARPS: usize = 8;
+
+/// The forward's single launch.
+pub fn forward_plan(dtype: ElementType, s: &AttnShape) -> Launch {
+    let d = s.head_dim;
+    let ds = d.to_string();
+    match dtype {
+        ElementType::F32 => Launch {
+            file: name(&["f32_d", &ds]),
+            kernel: name(&["exla_rs_fwd_f32_d", &ds]),
+            grid: (div_up(s.seq_q, SIMT_WARPS), s.heads as u32, s.batch as u32),
+            block: (32 * SIMT_WARPS) as u32,
+            smem: 0,
+        },
+        _ => {
+            let (warps, bm, _) = fwd_tc_traits(d);
+            Launch {
+                file: name(&["fwd_", dt(dtype), "_d", &ds]),
+                kernel: name(&["exla_rs_fwd_", dt(dtype), "_d", &ds]),
+                grid: (div_up(s.seq_q, bm), s.heads as u32, s.batch as u32),
+                block: (32 * warps) as u32,
+                smem: fwd_smem_bytes(d) as u32,
+            }
+        }
+    }
+}
+
+/// The backward's launches, in stream order: preprocess (delta, zero dq_accum), the main kernel(s),
+/// and for f16/bf16 the dq conversion.
+pub fn backward_plan(dtype: ElementType, s: &AttnShape) -> Vec<Launch> {
+    let d = s.head_dim;
+    let ds = d.to_string();
+    let rows = s.batch * s.seq_q * s.heads;
+    let pre = Launch {
+        file: "aux",
+        kernel: name(&["exla_rs_bwd_pre_", dt(dtype)]),
+        grid: (div_up(rows, AUX_WARPS), 1, 1),
+        block: (32 * AUX_WARPS) as u32,
+        smem: 0,
+    };
+    match dtype {
+        ElementType::F32 => vec![
+            pre,
+            Launch {
+                file: name(&["f32_d", &ds]),
+                kernel: name(&["exla_rs_bwd_dq_f32_d", &ds]),
+                grid: (div_up(s.seq_q, SIMT_WARPS), s.heads as u32, s.batch as u32),
+                block: (32 * SIMT_WARPS) as u32,
+                smem: 0,
+            },
+            Launch {
+                file: name(&["f32_d", &ds]),
+                kernel: name(&["exla_rs_bwd_dkdv_f32_d", &ds]),
+                grid: (div_up(s.seq_k, SIMT_WARPS), s.kv_heads as u32, s.batch as u32),
+                block: (32 * SIMT_WARPS) as u32,
+                smem: 0,
+            },
+        ],
+        _ => {
+            let (warps, _, bn) = bwd_tc_traits(d);
+            // Grid-stride conversion: enough blocks to fill any GPU, capped to stay well in range.
+            let n = s.q_len();
+            let conv_blocks = div_up(n, 256).clamp(1, 65_535 * 8);
+            vec![
+                pre,
+                Launch {
+                    file: name(&["bwd_", dt(dtype), "_d", &ds]),
+                    kernel: name(&["exla_rs_bwd_", dt(dtype), "_d", &ds]),
+                    grid: (div_up(s.seq_k, bn), s.kv_heads as u32, s.batch as u32),
+                    block: (32 * warps) as u32,
+                    smem: bwd_smem_bytes(d) as u32,
+                },
+                Launch {
+                    file: "aux",
+                    kernel: name(&["exla_rs_bwd_convert_", dt(dtype)]),
+                    grid: (if n == 0 { 0 } else { conv_blocks }, 1, 1),
+                    block: 256,
+                    smem: 0,
+                },
+            ]
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shape(b: usize, sq: usize, sk: usize, h: usize, hkv: usize, d: usize) -> AttnShape {
+        AttnShape { batch: b, seq_q: sq, seq_k: sk, heads: h, kv_heads: hkv, head_dim: d }
+    }
+
+    #[test]
+    fn every_listed_head_dim_and_dtype_is_supported_and_others_are_not() {
+        for dtype in [ElementType::F32, ElementType::F16, ElementType::BF16] {
+            for d in 1..=256 {
+                let s = shape(2, 100, 130, 4, 2, d);
+                let fwd = workspace_bytes(Pass::Forward, dtype, &s);
+                let bwd = workspace_bytes(Pass::Backward, dtype, &s);
+                if HEAD_DIMS.contains(&d) {
+                    assert_eq!(fwd, Some(0), "{dtype} d={d}");
+                    let (delta, accum) = bwd_workspace_layout(dtype, &s);
+                    assert_eq!(delta, (2 * 4 * 100 * 4usize).div_ceil(256) * 256);
+                    assert_eq!(bwd, Some(delta + accum));
+                    let want_accum = if dtype == ElementType::F32 { 0 } else { 2 * 100 * 4 * d * 4 };
+                    assert_eq!(accum, want_accum);
+                } else {
+                    assert_eq!((fwd, bwd), (None, None), "{dtype} d={d}");
+                    let e = check_supported(dtype, &s).unwrap_err();
+                    assert!(e.contains(&format!("D={d}")) && e.contains("[32, 64, 96, 128, 192, 256]"), "{e}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn grid_limits_are_unsupported_not_errors_at_launch() {
+        let s = shape(70_000, 1, 1, 1, 1, 64);
+        assert_eq!(workspace_bytes(Pass::Forward, ElementType::BF16, &s), None);
+        assert!(check_supported(ElementType::BF16, &s).unwrap_err().contains("65535"));
+    }
+
+    #[test]
+    fn empty_queries_need_no_workspace() {
+        let s = shape(2, 0, 16, 4, 4, 64);
+        assert_eq!(workspace_bytes(Pass::Backward, ElementType::F16, &s), Some(0));
+    }
+
+    #[test]
+    fn shared_memory_fits_every_target_architecture() {
+        // sm_86 / sm_89 allow 99 KiB per block; the kernels stay within 96 KiB.
+        for d in HEAD_DIMS {
+            assert!(fwd_smem_bytes(d) <= 96 * 1024, "fwd d={d}: {}", fwd_smem_bytes(d));
+            assert!(bwd_smem_bytes(d) <= 96 * 1024, "bwd d={d}: {}", bwd_smem_bytes(d));
+        }
+        assert_eq!(fwd_smem_bytes(128), (128 * 128 + 4 * 64 * 128) * 2);
+    }
+
+    #[test]
+    fn plans_name_kernels_that_exist_in_the_embedded_files() {
+        let s = shape(3, 1000, 777, 8, 2, 0);
+        for d in HEAD_DIMS {
+            let s = AttnShape { head_dim: d, ..s };
+            for dtype in [ElementType::F32, ElementType::F16, ElementType::BF16] {
+                let mut launches = vec![forward_plan(dtype, &s)];
+                launches.extend(backward_plan(dtype, &s));
+                for l in launches {
+                    let f = crate::embedded::find(l.file).unwrap_or_else(|| panic!("no file {}", l.file));
+                    assert!(
+                        f.source.contains(&format!("{}(", l.kernel)),
+                        "{} does not define {}",
+                        l.file,
+                        l.kernel
+                    );
+                    assert!(l.grid.0 > 0 && l.grid.1 > 0 && l.grid.2 > 0 && l.block % 32 == 0);
+                }
+            }
+        }
+        let f = forward_plan(ElementType::BF16, &AttnShape { head_dim: 128, ..s });
+        assert_eq!((f.grid, f.block), ((8, 8, 3), 256));
+        let b = backward_plan(ElementType::F16, &AttnShape { head_dim: 64, ..s });
+        assert_eq!(b[1].grid, (13, 2, 3)); // ceil(777 / 64) key tiles x Hkv x B
+    }
+
+    #[test]
+    fn traits_match_the_kernel_headers() {
+        // The kernels trap when launched with another block size; this keeps the two tables in step.
+        let fwd = include_str!("../../../kernels/flash_fwd.cuh");
+        assert!(fwd.contains("kWarps = D <= 192 ? 8 : 4"));
+        assert!(fwd.contains("kBlockN = D <= 128 ? 64 : 32"));
+        assert!(fwd.contains("kSmemBytes = (kBlockM * D + 4 * kBlockN * D) * 2"));
+        let bwd = include_str!("../../../kernels/flash_bwd.cuh");
+        assert!(bwd.contains("kWarps = 4;"));
+        assert!(bwd.contains("kDSplit = D <= 128 ? 1 : 2"));
+        assert!(bwd.contains("kBlockM = D <= 96 ? 64 : 32"));
+        assert!(bwd.contains("(2 * kBlockN * D + 2 * kBlockM * D + kBlockN * kBlockM) * 2 + 2 * kBlockM * 4"));
+        let simt = include_str!("../../../kernels/simt.cuh");
+        assert!(simt.contains(&format!("kWarps = {SIMT_WARPS};")));
+    }
+}

@@ -1,0 +1,141 @@
+//! `forward` and `backward`: enqueue the kernels on XLA's stream. No synchronisation, no host
+//! round trip, no allocation beyond XLA's buffers (scratch lives in the workspace result).
+
+use crate::config::{self, Launch};
+use crate::driver::{self, check, guard, CUstream, StreamContext};
+use crate::modules;
+use crate::params::{BwdParams, FwdParams};
+use crate::{BwdBuffers, FwdBuffers};
+use cudarc::driver::sys;
+use exla_rs_attn::{AttnError, AttnOptions, AttnShape, ElementType, Pass};
+use std::ffi::c_void;
+
+fn supported(pass: Pass, dtype: ElementType, shape: &AttnShape, workspace_bytes: usize) -> Result<(), AttnError> {
+    config::check_supported(dtype, shape).map_err(AttnError::unimplemented)?;
+    let need = config::workspace_bytes(pass, dtype, shape).unwrap_or(0);
+    if workspace_bytes < need {
+        return Err(AttnError::invalid(format!(
+            "workspace result has {workspace_bytes} bytes; exla_rs_flash_attn_workspace_bytes says this call needs {need}"
+        )));
+    }
+    Ok(())
+}
+
+/// Enqueues each launch with the same parameter block; empty grids are skipped.
+unsafe fn run<P>(stream: CUstream, launches: &[Launch], params: &P) -> Result<(), AttnError> {
+    let ctx = StreamContext::enter(stream)?;
+    // Resolve every function before enqueuing anything, so a missing kernel leaves the stream alone.
+    let mut funcs = Vec::with_capacity(launches.len());
+    for l in launches {
+        let m = modules::get(ctx.ctx, ctx.device, l.file)?;
+        funcs.push(m.function(l.kernel, l.smem, ctx.device)?);
+    }
+    for (l, f) in launches.iter().zip(funcs) {
+        if l.grid.0 == 0 || l.grid.1 == 0 || l.grid.2 == 0 {
+            continue;
+        }
+        let mut args = [params as *const P as *mut c_void];
+        check(
+            sys::cuLaunchKernel(
+                f,
+                l.grid.0,
+                l.grid.1,
+                l.grid.2,
+                l.block,
+                1,
+                1,
+                l.smem,
+                stream,
+                args.as_mut_ptr(),
+                std::ptr::null_mut(),
+            ),
+            &format!("cuLaunchKernel({}, grid {:?}, block {}, smem {})", l.kernel, l.grid, l.block, l.smem),
+        )?;
+    }
+    Ok(())
+}
+
+fn dims(shape: &AttnShape) -> [i32; 6] {
+    // check_supported bounds every product the kernels index with 32 bits.
+    [shape.batch, shape.seq_q, shape.seq_k, shape.heads, shape.kv_heads, shape.head_dim].map(|v| v as i32)
+}
+
+/// # Safety
+/// `stream` is XLA's CUstream; the buffers are device pointers of the sizes the contract implies.
+pub unsafe fn forward(
+    stream: *mut c_void,
+    dtype: ElementType,
+    shape: &AttnShape,
+    opts: &AttnOptions,
+    bufs: &FwdBuffers,
+) -> Result<(), AttnError> {
+    guard("exla_rs_flash_attn_fwd_cuda", || {
+        supported(Pass::Forward, dtype, shape, bufs.workspace_bytes)?;
+        driver::init()?;
+        let [batch, seq_q, seq_k, heads, kv_heads, head_dim] = dims(shape);
+        let p = FwdParams {
+            q: bufs.q as *const c_void,
+            k: bufs.k as *const c_void,
+            v: bufs.v as *const c_void,
+            kv_len: bufs.kv_len as *const i32,
+            q_start: bufs.q_start as *const i32,
+            o: bufs.o as *mut c_void,
+            lse: bufs.lse as *mut f32,
+            batch,
+            seq_q,
+            seq_k,
+            heads,
+            kv_heads,
+            head_dim,
+            scale: opts.scale,
+            softcap: opts.softcap,
+            window_left: opts.window_left,
+            window_right: opts.window_right,
+        };
+        run(stream as CUstream, &[config::forward_plan(dtype, shape)], &p)
+    })
+}
+
+/// # Safety
+/// As for `forward`; `workspace` holds `workspace_bytes(Backward, ..)` bytes.
+pub unsafe fn backward(
+    stream: *mut c_void,
+    dtype: ElementType,
+    shape: &AttnShape,
+    opts: &AttnOptions,
+    bufs: &BwdBuffers,
+) -> Result<(), AttnError> {
+    guard("exla_rs_flash_attn_bwd_cuda", || {
+        supported(Pass::Backward, dtype, shape, bufs.workspace_bytes)?;
+        driver::init()?;
+        let [batch, seq_q, seq_k, heads, kv_heads, head_dim] = dims(shape);
+        let (delta_bytes, accum_bytes) = config::bwd_workspace_layout(dtype, shape);
+        let ws = bufs.workspace;
+        let p = BwdParams {
+            q: bufs.q as *const c_void,
+            k: bufs.k as *const c_void,
+            v: bufs.v as *const c_void,
+            kv_len: bufs.kv_len as *const i32,
+            q_start: bufs.q_start as *const i32,
+            o: bufs.o as *const c_void,
+            lse: bufs.lse as *const f32,
+            d_o: bufs.d_o as *const c_void,
+            dq: bufs.dq as *mut c_void,
+            dk: bufs.dk as *mut c_void,
+            dv: bufs.dv as *mut c_void,
+            delta: ws as *mut f32,
+            dq_accum: if accum_bytes == 0 { std::ptr::null_mut() } else { (ws + delta_bytes as u64) as *mut f32 },
+            batch,
+            seq_q,
+            seq_k,
+            heads,
+            kv_heads,
+            head_dim,
+            scale: opts.scale,
+            softcap: opts.softcap,
+            window_left: opts.window_left,
+            window_right: opts.window_right,
+        };
+        run(stream as CUstream, &config::backward_plan(dtype, shape), &p)
+    })
+}

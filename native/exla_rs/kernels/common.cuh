@@ -1,0 +1,257 @@
+// Device building blocks shared by every exla_rs attention kernel: element types, the PTX
+// instructions the tensor-core kernels use (mma.sync, ldmatrix, cp.async), the swizzled shared
+// memory layout and the contract's mask.
+//
+// Header-free on purpose (no cuda_fp16.h, no <cstdint>): the same text compiles under nvcc at build
+// time and under NVRTC at run time, where no CUDA include directory may exist. Half types are raw
+// 16-bit patterns converted with PTX `cvt`; everything targets sm_80 and newer.
+#pragma once
+
+#include "params.cuh"
+
+namespace exla_rs {
+
+#define EXLA_RS_DEVICE __device__ __forceinline__
+
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
+// 16 bytes, for vectorised copies (uint4 needs vector_types.h, which NVRTC may lack).
+struct __align__(16) Chunk16 {
+  unsigned x, y, z, w;
+};
+
+EXLA_RS_DEVICE int imin(int a, int b) { return a < b ? a : b; }
+EXLA_RS_DEVICE int imax(int a, int b) { return a > b ? a : b; }
+
+EXLA_RS_DEVICE float neg_inf() { return __int_as_float(0xff800000); }
+
+// ---------------------------------------------------------------------------------------------
+// Element types. `Storage` is what sits in global memory; math is always f32.
+
+struct F32 {
+  using Storage = float;
+  static EXLA_RS_DEVICE float to_float(float x) { return x; }
+  static EXLA_RS_DEVICE float from_float(float x) { return x; }
+};
+
+struct F16 {
+  using Storage = unsigned short;
+  static EXLA_RS_DEVICE float to_float(unsigned short x) {
+    float r;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(r) : "h"(x));
+    return r;
+  }
+  static EXLA_RS_DEVICE unsigned short from_float(float x) {
+    unsigned short r;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(r) : "f"(x));
+    return r;
+  }
+  // Two values in one 32-bit register, `lo` in the low half (the mma operand order).
+  // PTX cvt.*x2 puts its first source in the upper half.
+  static EXLA_RS_DEVICE unsigned pack2(float lo, float hi) {
+    unsigned r;
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+  }
+  static EXLA_RS_DEVICE void mma(float (&c)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+};
+
+struct BF16 {
+  using Storage = unsigned short;
+  static EXLA_RS_DEVICE float to_float(unsigned short x) { return __uint_as_float(((unsigned)x) << 16); }
+  static EXLA_RS_DEVICE unsigned short from_float(float x) {
+    unsigned short r;
+    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(r) : "f"(x));
+    return r;
+  }
+  static EXLA_RS_DEVICE unsigned pack2(float lo, float hi) {
+    unsigned r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+  }
+  static EXLA_RS_DEVICE void mma(float (&c)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+};
+
+// ---------------------------------------------------------------------------------------------
+// Math. ex2.approx has a relative error near 2^-22 (ample for the f32 1e-4 bar) and maps
+// -inf to +0, which is what masked scores need. tanhf stays precise: the f32 path needs it.
+
+EXLA_RS_DEVICE float ex2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+EXLA_RS_DEVICE float lg2(float x) {
+  float y;
+  asm("lg2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// The score s of the contract from the raw dot product: x = scale * qk, s = cap * tanh(x / cap).
+EXLA_RS_DEVICE float score(float qk, float scale, float softcap) {
+  float x = qk * scale;
+  return softcap > 0.f ? softcap * tanhf(x / softcap) : x;
+}
+// ds/d(qk) / scale: the softcap's derivative, 1 - tanh^2, from the already capped score.
+EXLA_RS_DEVICE float softcap_grad(float s, float softcap) {
+  if (softcap > 0.f) {
+    float t = s / softcap;
+    return 1.f - t * t;
+  }
+  return 1.f;
+}
+
+EXLA_RS_DEVICE float warp_sum(float x) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+  return x;
+}
+EXLA_RS_DEVICE float warp_max(float x) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
+  return x;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The mask. Every row's visible keys form one interval, so kernels work with [lo, hi) ranges and
+// test single elements only in tiles that straddle a bound.
+
+struct Mask {
+  int seq_q, seq_k;
+  int kv_end;          // min(max(kv_len, 0), seq_k): keys >= kv_end are padding, never read
+  long long q_start;   // key position of query 0
+  long long wl, wr;    // < 0 = unbounded
+
+  EXLA_RS_DEVICE static Mask make(int seq_q, int seq_k, int kv_len, int q_start, long long wl, long long wr) {
+    Mask m;
+    m.seq_q = seq_q;
+    m.seq_k = seq_k;
+    m.kv_end = kv_len < 0 ? 0 : (kv_len > seq_k ? seq_k : kv_len);
+    m.q_start = q_start;
+    m.wl = wl;
+    m.wr = wr;
+    return m;
+  }
+  EXLA_RS_DEVICE bool visible(long long i, long long j) const {
+    long long p = q_start + i;
+    return j < kv_end && (wl < 0 || j >= p - wl) && (wr < 0 || j <= p + wr);
+  }
+  // Keys visible to row i: [lo, hi), empty when lo >= hi.
+  EXLA_RS_DEVICE void row_keys(long long i, int& lo, int& hi) const {
+    long long p = q_start + i;
+    long long a = wl < 0 ? 0 : p - wl, b = wr < 0 ? (long long)kv_end : p + wr + 1;
+    if (a < 0) a = 0;
+    if (b > kv_end) b = kv_end;
+    lo = (int)(a < b ? a : 0);
+    hi = (int)(a < b ? b : 0);
+  }
+  // Keys visible to any row in [r0, r1) (a covering interval; exact for the contract's masks).
+  EXLA_RS_DEVICE void rows_keys(int r0, int r1, int& lo, int& hi) const {
+    lo = 0x7fffffff;
+    hi = 0;
+    for (int r = r0; r < r1; ++r) {
+      int a, b;
+      row_keys(r, a, b);
+      if (a < b) {
+        lo = a < lo ? a : lo;
+        hi = b > hi ? b : hi;
+      }
+    }
+    if (lo >= hi) lo = hi = 0;
+  }
+  // Queries that see any key in [n0, n1): again one interval, because the window bounds move by
+  // one position per key and (wl, wr >= 0) each key's interval has length >= 1.
+  EXLA_RS_DEVICE void keys_rows(int n0, int n1, int& lo, int& hi) const {
+    if (n1 > kv_end) n1 = kv_end;
+    if (n0 >= n1) {
+      lo = hi = 0;
+      return;
+    }
+    long long a = wr < 0 ? 0 : (long long)n0 - q_start - wr;
+    long long b = wl < 0 ? (long long)seq_q : (long long)(n1 - 1) - q_start + wl + 1;
+    if (a < 0) a = 0;
+    if (b > seq_q) b = seq_q;
+    lo = (int)(a < b ? a : 0);
+    hi = (int)(a < b ? b : 0);
+  }
+  // True when every (row in [r0, r1), key in [n0, n1)) pair is visible: no per-element test needed.
+  EXLA_RS_DEVICE bool tile_full(int r0, int r1, int n0, int n1) const {
+    return n1 <= kv_end && (wl < 0 || (long long)n0 >= q_start + (r1 - 1) - wl) &&
+           (wr < 0 || (long long)(n1 - 1) <= q_start + r0 + wr);
+  }
+};
+
+// ---------------------------------------------------------------------------------------------
+// Shared memory: a tile of ROWS x COLS 16-bit elements, stored in column blocks of W = 64 (or 32
+// when COLS is not a multiple of 64) elements. Inside a block the 16-byte chunk index is XORed with
+// the row so that the 8 row addresses of one ldmatrix phase, and the 16-byte cp.async stores of one
+// warp, fall into 8 different bank groups: conflict-free without padding.
+
+template <int ROWS, int COLS>
+struct Swz {
+  static constexpr int W = (COLS % 64 == 0) ? 64 : 32;
+  static_assert(COLS % W == 0, "tile width must be a multiple of 32 elements");
+  // Element offset of (row, col); the XOR keeps col's position inside its 8-element chunk.
+  static EXLA_RS_DEVICE int off(int row, int col) {
+    int blk = col / W, c = (col % W) >> 3, e = col & 7;
+    int cs = (W == 64) ? (c ^ (row & 7)) : (c ^ ((row >> 1) & 3));
+    return blk * (ROWS * W) + row * W + (cs << 3) + e;
+  }
+};
+
+EXLA_RS_DEVICE unsigned smem_u32(const void* p) {
+  unsigned r;
+  asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(r) : "l"(p));
+  return r;
+}
+
+// 16 bytes global -> shared, asynchronously; src_bytes = 0 writes zeros (rows past the end).
+EXLA_RS_DEVICE void cp_async16(void* smem, const void* gmem, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(smem)), "l"(gmem), "r"(src_bytes));
+}
+EXLA_RS_DEVICE void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+EXLA_RS_DEVICE void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+EXLA_RS_DEVICE void ldmatrix_x4(unsigned (&r)[4], const void* smem) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_u32(smem)));
+}
+EXLA_RS_DEVICE void ldmatrix_x4_trans(unsigned (&r)[4], const void* smem) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_u32(smem)));
+}
+
+// Copies rows [row0, row0 + ROWS) of a [rows, stride] global matrix (each row D contiguous
+// elements) into a swizzled tile; rows >= row_limit become zeros and are never read.
+template <int ROWS, int D, int NTHREADS>
+EXLA_RS_DEVICE void load_tile_async(unsigned short* s, const unsigned short* g, int row0, int row_limit,
+                                    long long row_stride, int tid) {
+  constexpr int kChunks = D / 8;
+  for (int c = tid; c < ROWS * kChunks; c += NTHREADS) {
+    int r = c / kChunks, col = (c % kChunks) * 8;
+    int gr = row0 + r;
+    bool ok = gr < row_limit;
+    const unsigned short* src = ok ? g + (long long)gr * row_stride + col : g;
+    cp_async16(s + Swz<ROWS, D>::off(r, col), src, ok ? 16 : 0);
+  }
+}
+
+}  // namespace exla_rs

@@ -1,0 +1,236 @@
+// Backward flash attention on tensor cores (f16, bf16), the FA2 work split: one block per
+// (key tile, kv head, batch) keeps its K and V tile in shared memory and sweeps every query tile
+// (of every query head sharing this kv head, for GQA) that sees it. dK and dV accumulate in
+// registers and are written once, with no atomics; dQ partial sums go to an f32 buffer in the
+// workspace through atomics and flash_bwd_aux.cuh converts them at the end.
+//
+// Per query tile, with warp w owning keys [16 (w / S), +16) and dK/dV columns [DW (w % S), +DW)
+// (S = kDSplit warps share a key slice when D is too wide for one warp's registers):
+//   S^T  = K Q^T                    (A: K rows from smem, B: Q rows, ldmatrix)
+//   dP^T = V dO^T
+//   P^T  = exp(S^T - lse), dS^T = P^T (dP^T - delta) softcap'(S^T)     (elementwise, registers)
+//   dV  += P^T dO,  dK += dS^T Q    (A straight from the accumulators, B with ldmatrix.trans)
+//   dS^T -> smem;  dQ += dS K       (A with ldmatrix.trans from dS^T, atomics into dq_accum)
+#pragma once
+
+#include "common.cuh"
+
+namespace exla_rs {
+
+// Mirrored in crates/exla-rs-cuda/src/config.rs: change both. Shared memory <= 96 KiB (sm_86/89).
+template <int D>
+struct BwdTraits {
+  static constexpr int kWarps = 4;
+  static constexpr int kDSplit = D <= 128 ? 1 : 2;      // warps sharing one 16-key slice
+  static constexpr int kBlockN = 16 * kWarps / kDSplit;  // keys per block
+  static constexpr int kBlockM = D <= 96 ? 64 : 32;      // queries per step (registers: S^T, dP^T)
+  static constexpr int kDW = D / kDSplit;                // dK/dV columns per warp
+  static constexpr int kThreads = 32 * kWarps;
+  static constexpr int kSmemBytes =
+      (2 * kBlockN * D + 2 * kBlockM * D + kBlockN * kBlockM) * 2 + 2 * kBlockM * 4;
+  static_assert(D % 32 == 0 && D <= 256 && kDW % 16 == 0, "head dim");
+};
+
+template <class T, int D>
+__device__ __forceinline__ void flash_bwd(const BwdParams& p) {
+  using Tr = BwdTraits<D>;
+  constexpr int BM = Tr::kBlockM, BN = Tr::kBlockN, NT = Tr::kThreads, DW = Tr::kDW, NW = Tr::kWarps;
+  using SwKV = Swz<BN, D>;
+  using SwQ = Swz<BM, D>;
+  using SwS = Swz<BN, BM>;  // dS^T: rows = keys, cols = queries
+  if (blockDim.x != NT) __trap();
+
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  unsigned short* sK = reinterpret_cast<unsigned short*>(smem_raw);
+  unsigned short* sV = sK + BN * D;
+  unsigned short* sQ = sV + BN * D;
+  unsigned short* sdO = sQ + BM * D;
+  unsigned short* sdS = sdO + BM * D;
+  float* sLse = reinterpret_cast<float*>(sdS + BN * BM);  // lse * log2(e); -inf for rows past Sq
+  float* sDelta = sLse + BM;
+
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int g = lane >> 2, tig = lane & 3;
+  const int ks = warp / Tr::kDSplit, dpart = warp % Tr::kDSplit;
+  const int n0 = blockIdx.x * BN, hk = blockIdx.y, b = blockIdx.z;
+  const int group = p.heads / p.kv_heads;
+  const Mask mask = Mask::make(p.seq_q, p.seq_k, p.kv_len[b], p.q_start[b], p.window_left, p.window_right);
+
+  const long long q_stride = (long long)p.heads * D, kv_stride = (long long)p.kv_heads * D;
+  const long long kv_off = ((long long)b * p.seq_k * p.kv_heads + hk) * D;
+  const unsigned short* gK = static_cast<const unsigned short*>(p.k) + kv_off;
+  const unsigned short* gV = static_cast<const unsigned short*>(p.v) + kv_off;
+
+  float acc_dk[DW / 8][4], acc_dv[DW / 8][4];
+#pragma unroll
+  for (int i = 0; i < DW / 8; ++i)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc_dk[i][e] = acc_dv[i][e] = 0.f;
+
+  int q_lo, q_hi;
+  mask.keys_rows(n0, n0 + BN, q_lo, q_hi);
+  if (q_lo < q_hi) {
+    load_tile_async<BN, D, NT>(sK, gK, n0, mask.kv_end, kv_stride, tid);
+    load_tile_async<BN, D, NT>(sV, gV, n0, mask.kv_end, kv_stride, tid);
+    cp_async_commit();  // waited for together with the first Q/dO tile
+  }
+  const int key_a = n0 + ks * 16 + g;  // this thread's two keys: key_a, key_a + 8
+
+  for (int hh = 0; hh < group && q_lo < q_hi; ++hh) {
+    const int h = hk * group + hh;
+    const long long q_off = ((long long)b * p.seq_q * p.heads + h) * D;
+    const unsigned short* gQ = static_cast<const unsigned short*>(p.q) + q_off;
+    const unsigned short* gdO = static_cast<const unsigned short*>(p.d_o) + q_off;
+    const float* gLse = p.lse + ((long long)b * p.heads + h) * p.seq_q;
+    const float* gDelta = p.delta + ((long long)b * p.heads + h) * p.seq_q;
+    float* gdQ = p.dq_accum + q_off;
+
+    for (int m0 = (q_lo / BM) * BM; m0 < q_hi; m0 += BM) {
+      load_tile_async<BM, D, NT>(sQ, gQ, m0, p.seq_q, q_stride, tid);
+      load_tile_async<BM, D, NT>(sdO, gdO, m0, p.seq_q, q_stride, tid);
+      cp_async_commit();
+      for (int r = tid; r < BM; r += NT) {
+        int row = m0 + r;
+        float l = row < p.seq_q ? gLse[row] : neg_inf();
+        sLse[r] = l * kLog2e;  // -inf stays -inf
+        sDelta[r] = row < p.seq_q ? gDelta[row] : 0.f;
+      }
+      cp_async_wait<0>();
+      __syncthreads();
+
+      // S^T and dP^T for this warp's 16 keys x BM queries.
+      float st[BM / 8][4], dpt[BM / 8][4];
+#pragma unroll
+      for (int i = 0; i < BM / 8; ++i)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) st[i][e] = dpt[i][e] = 0.f;
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) {
+        unsigned ak[4], av[4];
+        const int a_off = SwKV::off(ks * 16 + (lane & 15), kk * 16 + (lane >> 4) * 8);
+        ldmatrix_x4(ak, sK + a_off);
+        ldmatrix_x4(av, sV + a_off);
+#pragma unroll
+        for (int nt = 0; nt < BM / 16; ++nt) {
+          const int b_off = SwQ::off(nt * 16 + (lane & 7) + (lane >> 4) * 8, kk * 16 + ((lane >> 3) & 1) * 8);
+          unsigned bq[4], bo[4];
+          ldmatrix_x4(bq, sQ + b_off);
+          ldmatrix_x4(bo, sdO + b_off);
+          T::mma(st[2 * nt], ak, bq[0], bq[1]);
+          T::mma(st[2 * nt + 1], ak, bq[2], bq[3]);
+          T::mma(dpt[2 * nt], av, bo[0], bo[1]);
+          T::mma(dpt[2 * nt + 1], av, bo[2], bo[3]);
+        }
+      }
+
+      // Elementwise: st <- P^T, dpt <- dS^T (without the final `scale`, applied at the end).
+      const bool full = mask.tile_full(m0, m0 + BM, n0, n0 + BN);
+#pragma unroll
+      for (int j = 0; j < BM / 8; ++j) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int ql = j * 8 + tig * 2 + (e & 1);  // query within the tile (accumulator column)
+          const int key = key_a + (e >> 1) * 8;
+          const float l2 = sLse[ql];
+          const float s = p.softcap > 0.f ? score(st[j][e], p.scale, p.softcap) : st[j][e] * p.scale;
+          const bool vis = l2 != neg_inf() && (full || mask.visible(m0 + ql, key));
+          const float pr = vis ? ex2(s * kLog2e - l2) : 0.f;
+          st[j][e] = pr;
+          dpt[j][e] = pr * (dpt[j][e] - sDelta[ql]) * softcap_grad(s, p.softcap);
+        }
+      }
+
+      // dV += P^T dO and dK += dS^T Q over this warp's DW columns.
+#pragma unroll
+      for (int kq = 0; kq < BM / 16; ++kq) {
+        unsigned ap[4], as[4];
+        ap[0] = T::pack2(st[2 * kq][0], st[2 * kq][1]);
+        ap[1] = T::pack2(st[2 * kq][2], st[2 * kq][3]);
+        ap[2] = T::pack2(st[2 * kq + 1][0], st[2 * kq + 1][1]);
+        ap[3] = T::pack2(st[2 * kq + 1][2], st[2 * kq + 1][3]);
+        as[0] = T::pack2(dpt[2 * kq][0], dpt[2 * kq][1]);
+        as[1] = T::pack2(dpt[2 * kq][2], dpt[2 * kq][3]);
+        as[2] = T::pack2(dpt[2 * kq + 1][0], dpt[2 * kq + 1][1]);
+        as[3] = T::pack2(dpt[2 * kq + 1][2], dpt[2 * kq + 1][3]);
+#pragma unroll
+        for (int dt = 0; dt < DW / 16; ++dt) {
+          const int b_off =
+              SwQ::off(kq * 16 + (lane & 7) + ((lane >> 3) & 1) * 8, dpart * DW + dt * 16 + (lane >> 4) * 8);
+          unsigned bo[4], bq[4];
+          ldmatrix_x4_trans(bo, sdO + b_off);
+          ldmatrix_x4_trans(bq, sQ + b_off);
+          T::mma(acc_dv[2 * dt], ap, bo[0], bo[1]);
+          T::mma(acc_dv[2 * dt + 1], ap, bo[2], bo[3]);
+          T::mma(acc_dk[2 * dt], as, bq[0], bq[1]);
+          T::mma(acc_dk[2 * dt + 1], as, bq[2], bq[3]);
+        }
+      }
+
+      // dS^T to shared memory (one warp per key slice writes it), then dQ += dS K.
+      if (dpart == 0) {
+#pragma unroll
+        for (int j = 0; j < BM / 8; ++j) {
+          const int col = j * 8 + tig * 2;
+          *reinterpret_cast<unsigned*>(sdS + SwS::off(ks * 16 + g, col)) = T::pack2(dpt[j][0], dpt[j][1]);
+          *reinterpret_cast<unsigned*>(sdS + SwS::off(ks * 16 + g + 8, col)) = T::pack2(dpt[j][2], dpt[j][3]);
+        }
+      }
+      __syncthreads();
+
+      // Work items: (16-query row tile, 32-column chunk of D), spread over the warps.
+      constexpr int kRowTiles = BM / 16, kItems = kRowTiles * (D / 32);
+      for (int item = warp; item < kItems; item += NW) {
+        const int rt = item % kRowTiles, dc = item / kRowTiles;
+        float acc[4][4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; ++kk) {
+          // A = dS [query][key] read transposed from dS^T [key][query]: matrix i of the x4 covers
+          // keys +8*(i/2), queries +8*(i%2), which is the a0..a3 order of the fragment.
+          unsigned a[4];
+          const int mi = lane >> 3;
+          ldmatrix_x4_trans(a, sdS + SwS::off(kk * 16 + (lane & 7) + (mi >> 1) * 8, rt * 16 + (mi & 1) * 8));
+#pragma unroll
+          for (int dt = 0; dt < 2; ++dt) {
+            unsigned bk[4];
+            ldmatrix_x4_trans(bk, sK + SwKV::off(kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8,
+                                                 dc * 32 + dt * 16 + (lane >> 4) * 8));
+            T::mma(acc[2 * dt], a, bk[0], bk[1]);
+            T::mma(acc[2 * dt + 1], a, bk[2], bk[3]);
+          }
+        }
+#pragma unroll
+        for (int nt = 0; nt < 4; ++nt) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int row = m0 + rt * 16 + g + (e >> 1) * 8;
+            const int col = dc * 32 + nt * 8 + tig * 2 + (e & 1);
+            if (row < p.seq_q) atomicAdd(gdQ + (long long)row * q_stride + col, acc[nt][e]);
+          }
+        }
+      }
+      __syncthreads();  // sQ, sdO, sdS, sLse are refilled by the next step
+    }
+  }
+
+  // dK (times scale) and dV; keys past kv_len (and tiles nobody sees) get exact zeros.
+  unsigned short* gdK = static_cast<unsigned short*>(p.dk) + kv_off;
+  unsigned short* gdV = static_cast<unsigned short*>(p.dv) + kv_off;
+#pragma unroll
+  for (int dt = 0; dt < DW / 8; ++dt) {
+    const int col = dpart * DW + dt * 8 + tig * 2;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int key = key_a + r * 8;
+      if (key < p.seq_k) {
+        *reinterpret_cast<unsigned*>(gdK + (long long)key * kv_stride + col) =
+            T::pack2(acc_dk[dt][2 * r] * p.scale, acc_dk[dt][2 * r + 1] * p.scale);
+        *reinterpret_cast<unsigned*>(gdV + (long long)key * kv_stride + col) =
+            T::pack2(acc_dv[dt][2 * r], acc_dv[dt][2 * r + 1]);
+      }
+    }
+  }
+}
+
+}  // namespace exla_rs

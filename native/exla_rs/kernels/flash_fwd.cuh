@@ -1,0 +1,197 @@
+// Forward flash attention on tensor cores (f16, bf16): mma.sync m16n8k16 with f32 accumulation,
+// ldmatrix from swizzled shared memory, cp.async double buffering of K/V tiles, online softmax in
+// the exp2 domain. The FA2 work split: one block per (query tile, head, batch), each warp owns 16
+// query rows and sweeps all visible key tiles, so no inter-warp reduction is ever needed.
+#pragma once
+
+#include "common.cuh"
+
+namespace exla_rs {
+
+// Tile shapes per head dim. Shared memory = Q tile + 2 stages of (K, V) tiles, kept <= 96 KiB so
+// every instantiation also runs on sm_86/sm_89 (99 KiB per block). Mirrored in the Rust launcher
+// (crates/exla-rs-cuda/src/config.rs): change both.
+template <int D>
+struct FwdTraits {
+  static constexpr int kWarps = D <= 192 ? 8 : 4;
+  static constexpr int kBlockM = 16 * kWarps;
+  static constexpr int kBlockN = D <= 128 ? 64 : 32;
+  static constexpr int kThreads = 32 * kWarps;
+  static constexpr int kSmemBytes = (kBlockM * D + 4 * kBlockN * D) * 2;
+  static_assert(D % 32 == 0 && D <= 256, "head dim");
+};
+
+template <class T, int D>
+__device__ __forceinline__ void flash_fwd(const FwdParams& p) {
+  using Tr = FwdTraits<D>;
+  constexpr int BM = Tr::kBlockM, BN = Tr::kBlockN, NT = Tr::kThreads;
+  using SwQ = Swz<BM, D>;
+  using SwK = Swz<BN, D>;
+  if (blockDim.x != NT) __trap();  // the launcher's table disagrees with this file
+
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  unsigned short* sQ = reinterpret_cast<unsigned short*>(smem_raw);
+  unsigned short* sK = sQ + BM * D;       // [2][BN * D]
+  unsigned short* sV = sK + 2 * BN * D;   // [2][BN * D]
+
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int g = lane >> 2, tig = lane & 3;  // mma fragment row group / thread in group
+  const int m0 = blockIdx.x * BM, h = blockIdx.y, b = blockIdx.z;
+  const int hk = h / (p.heads / p.kv_heads);
+  const int m_end = imin(m0 + BM, p.seq_q);
+  const Mask mask = Mask::make(p.seq_q, p.seq_k, p.kv_len[b], p.q_start[b], p.window_left, p.window_right);
+
+  const long long q_stride = (long long)p.heads * D, kv_stride = (long long)p.kv_heads * D;
+  const unsigned short* gQ = static_cast<const unsigned short*>(p.q) + ((long long)b * p.seq_q * p.heads + h) * D;
+  const unsigned short* gK = static_cast<const unsigned short*>(p.k) + ((long long)b * p.seq_k * p.kv_heads + hk) * D;
+  const unsigned short* gV = static_cast<const unsigned short*>(p.v) + ((long long)b * p.seq_k * p.kv_heads + hk) * D;
+  unsigned short* gO = static_cast<unsigned short*>(p.o) + ((long long)b * p.seq_q * p.heads + h) * D;
+  float* gL = p.lse + ((long long)b * p.heads + h) * p.seq_q;
+
+  int k_lo, k_hi;
+  mask.rows_keys(m0, m_end, k_lo, k_hi);
+  const int n_first = k_lo / BN, n_last = (k_hi + BN - 1) / BN;  // tiles [n_first, n_last)
+
+  // Per thread: rows r = warp*16 + g (+8); O accumulators for D/8 column tiles of 8.
+  float acc_o[D / 8][4];
+#pragma unroll
+  for (int i = 0; i < D / 8; ++i) acc_o[i][0] = acc_o[i][1] = acc_o[i][2] = acc_o[i][3] = 0.f;
+  float row_max[2] = {neg_inf(), neg_inf()};  // running max of s * log2(e)
+  float row_sum[2] = {0.f, 0.f};              // this thread's share of the running sum
+
+  if (n_first < n_last) {
+    load_tile_async<BM, D, NT>(sQ, gQ, m0, p.seq_q, q_stride, tid);
+    load_tile_async<BN, D, NT>(sK, gK, n_first * BN, mask.kv_end, kv_stride, tid);
+    load_tile_async<BN, D, NT>(sV, gV, n_first * BN, mask.kv_end, kv_stride, tid);
+    cp_async_commit();
+  }
+  const float scale_log2 = p.scale * kLog2e;
+  const int row_a = m0 + warp * 16 + g;  // this thread's two query rows: row_a, row_a + 8
+
+  for (int n = n_first; n < n_last; ++n) {
+    const int stage = (n - n_first) & 1;
+    if (n + 1 < n_last) {  // prefetch the next tile into the other stage while this one computes
+      load_tile_async<BN, D, NT>(sK + (stage ^ 1) * BN * D, gK, (n + 1) * BN, mask.kv_end, kv_stride, tid);
+      load_tile_async<BN, D, NT>(sV + (stage ^ 1) * BN * D, gV, (n + 1) * BN, mask.kv_end, kv_stride, tid);
+    }
+    cp_async_commit();
+    cp_async_wait<1>();
+    __syncthreads();
+    const unsigned short* sKs = sK + stage * BN * D;
+    const unsigned short* sVs = sV + stage * BN * D;
+
+    // S = Q K^T for this warp's 16 rows and the BN keys of the tile.
+    float s[BN / 8][4];
+#pragma unroll
+    for (int i = 0; i < BN / 8; ++i) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      unsigned a[4];
+      ldmatrix_x4(a, sQ + SwQ::off(warp * 16 + (lane & 15), kk * 16 + (lane >> 4) * 8));
+#pragma unroll
+      for (int nt = 0; nt < BN / 16; ++nt) {
+        unsigned bf[4];
+        ldmatrix_x4(bf, sKs + SwK::off(nt * 16 + (lane & 7) + (lane >> 4) * 8, kk * 16 + ((lane >> 3) & 1) * 8));
+        T::mma(s[2 * nt], a, bf[0], bf[1]);
+        T::mma(s[2 * nt + 1], a, bf[2], bf[3]);
+      }
+    }
+
+    // Scores in the log2 domain; masked entries -inf (only tiles that straddle a bound test).
+    const int n0 = n * BN;
+    const bool full = mask.tile_full(m0, m0 + BM, n0, n0 + BN);
+#pragma unroll
+    for (int j = 0; j < BN / 8; ++j) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        float v = p.softcap > 0.f ? score(s[j][e], p.scale, p.softcap) * kLog2e : s[j][e] * scale_log2;
+        if (!full) {
+          int row = row_a + (e >> 1) * 8, key = n0 + j * 8 + tig * 2 + (e & 1);
+          if (!mask.visible(row, key)) v = neg_inf();
+        }
+        s[j][e] = v;
+      }
+    }
+
+    // Online softmax. A row's 4 threads (same g) hold its BN values: reduce across the quad.
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float mx = row_max[r];
+#pragma unroll
+      for (int j = 0; j < BN / 8; ++j) mx = fmaxf(mx, fmaxf(s[j][2 * r], s[j][2 * r + 1]));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      // All -inf so far: subtract 0 instead, so exp2 gives 0, never NaN.
+      const float base = mx == neg_inf() ? 0.f : mx;
+      const float alpha = ex2(row_max[r] - base);
+      row_max[r] = mx;
+      float sum = 0.f;
+#pragma unroll
+      for (int j = 0; j < BN / 8; ++j) {
+        s[j][2 * r] = ex2(s[j][2 * r] - base);
+        s[j][2 * r + 1] = ex2(s[j][2 * r + 1] - base);
+        sum += s[j][2 * r] + s[j][2 * r + 1];
+      }
+      row_sum[r] = row_sum[r] * alpha + sum;
+#pragma unroll
+      for (int d = 0; d < D / 8; ++d) {
+        acc_o[d][2 * r] *= alpha;
+        acc_o[d][2 * r + 1] *= alpha;
+      }
+    }
+
+    // O += P V. The S accumulator layout of two n8 tiles is exactly the A fragment of one k16 step.
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; ++kk) {
+      unsigned a[4];
+      a[0] = T::pack2(s[2 * kk][0], s[2 * kk][1]);
+      a[1] = T::pack2(s[2 * kk][2], s[2 * kk][3]);
+      a[2] = T::pack2(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+      a[3] = T::pack2(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+#pragma unroll
+      for (int dt = 0; dt < D / 16; ++dt) {
+        unsigned bf[4];
+        ldmatrix_x4_trans(bf, sVs + SwK::off(kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8, dt * 16 + (lane >> 4) * 8));
+        T::mma(acc_o[2 * dt], a, bf[0], bf[1]);
+        T::mma(acc_o[2 * dt + 1], a, bf[2], bf[3]);
+      }
+    }
+    __syncthreads();  // this stage is reloaded by the next iteration's prefetch
+  }
+
+  // Epilogue: O / l and lse; rows nobody sees get o = 0, lse = -inf.
+  float inv[2], lse[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float l = row_sum[r];
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    inv[r] = l > 0.f ? 1.f / l : 0.f;
+    lse[r] = l > 0.f ? (row_max[r] + lg2(l)) * kLn2 : neg_inf();
+  }
+  if (tig == 0) {
+    if (row_a < p.seq_q) gL[row_a] = lse[0];
+    if (row_a + 8 < p.seq_q) gL[row_a + 8] = lse[1];
+  }
+  // Stage the warp's 16 output rows in its own rows of sQ (only this warp ever read them), then
+  // store 16-byte chunks so the global writes are coalesced.
+  unsigned short* sO = sQ;
+#pragma unroll
+  for (int dt = 0; dt < D / 8; ++dt) {
+    int col = dt * 8 + tig * 2;
+    int ra = warp * 16 + g;
+    *reinterpret_cast<unsigned*>(sO + SwQ::off(ra, col)) = T::pack2(acc_o[dt][0] * inv[0], acc_o[dt][1] * inv[0]);
+    *reinterpret_cast<unsigned*>(sO + SwQ::off(ra + 8, col)) = T::pack2(acc_o[dt][2] * inv[1], acc_o[dt][3] * inv[1]);
+  }
+  __syncwarp();
+  constexpr int kChunks = D / 8;
+  for (int c = lane; c < 16 * kChunks; c += 32) {
+    int r = c / kChunks, col = (c % kChunks) * 8;
+    int row = m0 + warp * 16 + r;
+    if (row < p.seq_q)
+      *reinterpret_cast<Chunk16*>(gO + (long long)row * q_stride + col) =
+          *reinterpret_cast<const Chunk16*>(sO + SwQ::off(warp * 16 + r, col));
+  }
+}
+
+}  // namespace exla_rs

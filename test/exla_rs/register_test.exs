@@ -1,0 +1,51 @@
+defmodule ExlaRs.RegisterTest do
+  use ExUnit.Case, async: false
+
+  # Other tests in this VM may load a PJRT plugin for good, so "no runtime" is checked in a
+  # fresh VM with only our app: exactly what a user without EXLA gets.
+  test "register answers {:error, _} cleanly when no XLA runtime is loaded" do
+    elixir = System.find_executable("elixir")
+    ebin = Path.join(Mix.Project.app_path(), "ebin")
+
+    script = """
+    {:ok, _} = Application.ensure_all_started(:exla_rs)
+    first = ExlaRs.register()
+    second = ExlaRs.register()
+    IO.write(Base.encode64(:erlang.term_to_binary({first, second, ExlaRs.status()})))
+    """
+
+    {out, 0} = System.cmd(elixir, ["-pa", ebin, "-e", script], stderr_to_stdout: false)
+    {first, second, status} = out |> String.trim() |> Base.decode64!() |> :erlang.binary_to_term()
+
+    assert {:error, %ExlaRs.RegistrationError{reason: :no_runtime, message: message}} = first
+    assert message =~ "start :exla first"
+    assert second == first
+    assert status.runtimes == []
+    assert status.registrations.passes == 2
+  end
+
+  test "register! raises the error" do
+    elixir = System.find_executable("elixir")
+    ebin = Path.join(Mix.Project.app_path(), "ebin")
+    script = "try do ExlaRs.register!() rescue e in ExlaRs.RegistrationError -> IO.write(e.message) end"
+    {out, 0} = System.cmd(elixir, ["-pa", ebin, "-e", script])
+    assert out =~ "no XLA runtime is loaded in this VM"
+  end
+
+  test "an explicit runtime path that is not loaded comes back as a failed runtime" do
+    assert {:error, %ExlaRs.RegistrationError{reason: :failed, runtimes: runtimes}} =
+             ExlaRs.register(paths: ["/nonexistent/xla_extension/lib/libxla_extension.so"])
+
+    assert %{kind: :xla_extension, state: :failed, error: error} =
+             Enum.find(runtimes, &(&1.path =~ "nonexistent"))
+
+    assert error =~ "is not loaded in this process"
+  end
+
+  test "a plugin that cannot be loaded is an error, not a crash" do
+    assert {:error, %ExlaRs.RegistrationError{reason: :plugin, message: m}} =
+             ExlaRs.register(plugin: "/nonexistent/pjrt_plugin.so")
+
+    assert m =~ "cannot load"
+  end
+end

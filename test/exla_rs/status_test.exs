@@ -1,0 +1,78 @@
+defmodule ExlaRs.StatusTest do
+  use ExUnit.Case, async: true
+
+  @keys [:version, :nif, :ffi_api_version, :targets, :cuda, :kernels, :runtimes, :registrations, :at_start]
+
+  test "status has every key" do
+    status = ExlaRs.status()
+    for key <- @keys, do: assert(Map.has_key?(status, key), "missing #{key}")
+    assert status.version == Mix.Project.config()[:version]
+    assert status.nif == :loaded
+    assert status.ffi_api_version == {0, 1}
+  end
+
+  test "targets are forward and backward on Host and CUDA" do
+    pairs = for t <- ExlaRs.status().targets, do: {t.name, t.platform}
+
+    assert Enum.sort(pairs) ==
+             Enum.sort([
+               {"exla_rs_flash_attn_fwd", "Host"},
+               {"exla_rs_flash_attn_bwd", "Host"},
+               {"exla_rs_flash_attn_fwd", "CUDA"},
+               {"exla_rs_flash_attn_bwd", "CUDA"}
+             ])
+  end
+
+  test "cuda says whether it is available, and why not" do
+    cuda = ExlaRs.status().cuda
+
+    case cuda do
+      %{available: false, reason: reason, devices: []} ->
+        assert is_binary(reason) and reason != ""
+
+      %{available: true, driver_version: v, devices: [_ | _] = devices} ->
+        assert is_integer(v)
+
+        for d <- devices do
+          assert %{ordinal: o, name: n, compute_capability: {maj, _}, total_memory_bytes: m} = d
+          assert is_integer(o) and is_binary(n) and maj >= 1 and m > 0
+        end
+    end
+
+    # CI has no GPU.
+    if System.get_env("CI_HAS_GPU") != "1" and not File.exists?("/dev/nvidia0") do
+      assert cuda.available == false
+    end
+  end
+
+  test "kernels say how they were built" do
+    k = ExlaRs.status().kernels
+    assert is_list(k.embedded_archs) and is_boolean(k.nvrtc_fallback)
+    assert k.ptx_arch == nil or is_binary(k.ptx_arch)
+  end
+
+  test "runtimes and counters are well-formed" do
+    status = ExlaRs.status()
+
+    for r <- status.runtimes do
+      assert r.kind in [:xla_extension, :pjrt_plugin]
+      assert r.state in [:registered, :partial, :failed, :found]
+      assert is_binary(r.path)
+    end
+
+    assert %{passes: _, attempted: _, succeeded: _, failed: _, runtime_failures: _} = status.registrations
+  end
+
+  test "the application start was recorded and did not fail without EXLA" do
+    unless Code.ensure_loaded?(EXLA) do
+      assert {:skipped, why} = ExlaRs.status().at_start
+      assert why =~ "EXLA is not loaded"
+    end
+  end
+
+  test "the formatter renders every section" do
+    text = ExlaRs.Status.Formatter.format(ExlaRs.status())
+    for section <- ["NIF", "Handlers", "CUDA", "Kernels", "XLA runtimes", "Registration"], do: assert(text =~ section)
+    assert text =~ "exla_rs_flash_attn_fwd on Host"
+  end
+end

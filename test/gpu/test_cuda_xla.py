@@ -1,0 +1,183 @@
+"""The CUDA handlers through a real XLA (jax with its CUDA plugin): forward and backward against
+float64 references over every option, dtype, head dim and odd size. Outputs are poisoned (NaN)
+before each call, so an element a kernel forgets to write fails the test. Fresh random inputs each
+run (EXLA_RS_SEED replays one).
+
+Run on a GPU machine after `cargo build --release --manifest-path native/exla_rs/Cargo.toml --workspace`:
+    python3 -m pytest -q test/gpu/test_cuda_xla.py
+"""
+import os
+
+import numpy as np
+import pytest
+
+import jax
+import jax.numpy as jnp
+
+# EXLA_RS_TEST_PLATFORM=cpu runs the same cases against the Host handlers: a check of this file
+# itself on a machine without a GPU (the CUDA-only tests are skipped then).
+PLATFORM = os.environ.get("EXLA_RS_TEST_PLATFORM", "cuda")
+try:
+    GPU = jax.devices("gpu" if PLATFORM == "cuda" else "cpu")[0]
+except RuntimeError:
+    pytest.skip("no CUDA device visible to jax", allow_module_level=True)
+cuda_only = pytest.mark.skipif(PLATFORM != "cuda", reason="CUDA-specific")
+
+import exla_rs_jax as ex
+from cases import CASES as HOST_CASES, DTYPES, TOL, Case, make, rel_err, seed
+from reference import reference_bwd
+
+CUDA_DIMS = (32, 64, 96, 128, 192, 256)
+
+# The Host cases with a CUDA head dim, plus cases sized to cross tile boundaries (the kernels use
+# 32/64/128-row tiles): several tiles, ragged last tiles, long windows, big GQA groups.
+CUDA_CASES = [c for c in HOST_CASES if c.d in CUDA_DIMS] + [
+    Case(f"d{d}_ragged", 2, 131, 197, 4, 2, d, causal=c, kv_len="random", q_start="random")
+    for d in CUDA_DIMS
+    for c in (False, True)
+] + [
+    Case("long_causal_d128", 1, 1030, 1030, 2, 2, 128, causal=True),
+    Case("long_noncausal_d64", 1, 777, 1300, 4, 1, 64),
+    Case("sliding_d64", 2, 600, 600, 4, 4, 64, causal=True, window_size=(100, 0)),
+    Case("window_both_d192", 1, 300, 350, 2, 2, 192, window_size=(40, 17)),
+    Case("softcap_gqa_d256", 2, 150, 150, 8, 2, 256, causal=True, softcap=30.0),
+    Case("softcap_d96", 1, 260, 200, 3, 3, 96, softcap=5.0, scale=0.3),
+    Case("decode_d128", 4, 1, 900, 8, 1, 128, causal=True),
+    Case("q_start_neg_d32", 2, 90, 90, 2, 2, 32, causal=True, q_start="negative"),
+    Case("all_masked_batch_d64", 3, 64, 64, 2, 2, 64, kv_len="random"),
+]
+PARAMS = [pytest.param(c, dt, id=f"{c.name}-{dt}") for c in CUDA_CASES for dt in DTYPES]
+
+
+def on_gpu(*xs):
+    return [jax.device_put(x, GPU) for x in xs]
+
+
+def poison(*shapes_dtypes):
+    """Leaves NaN-filled freed buffers of the outputs' sizes behind, which the next allocations of
+    those sizes get back (XLA_PYTHON_CLIENT_PREALLOCATE=false in conftest)."""
+    bufs = [jax.device_put(np.full(s, np.nan, dtype=d), GPU) for s, d in shapes_dtypes]
+    for b in bufs:
+        b.block_until_ready()
+        b.delete()
+
+
+def fully_masked_rows(x):
+    m = ex.visible_mask(x.q.shape[0], x.q.shape[1], x.k.shape[1], x.kv_len, x.q_start, x.window_left, x.window_right)
+    return ~m.any(-1)
+
+
+def run_fwd(x):
+    b, sq, h, d = x.q.shape
+    poison((x.q.shape, x.q.dtype), ((b, h, sq), np.float32))
+    q, k, v, kv, qs = on_gpu(x.q, x.k, x.v, x.kv_len, x.q_start)
+    o, lse = ex.flash_attn_fwd(q, k, v, kv, qs, platform=PLATFORM, **x.kw)
+    return o, lse
+
+
+@pytest.mark.parametrize("case,dt", PARAMS)
+def test_forward_matches_float64_reference(case, dt):
+    x = make(case, DTYPES[dt], seed())
+    o, lse = run_fwd(x)
+    assert o.devices() == {GPU}
+    o, lse = np.asarray(o), np.asarray(lse)
+    ref_o, ref_lse = ex.reference_fwd(x.q, x.k, x.v, x.kv_len, x.q_start, **x.kw)
+    ctx = f"seed={x.seed}"
+    assert o.dtype == x.q.dtype and o.shape == x.q.shape and lse.shape == (case.b, case.h, case.sq), ctx
+    assert not np.isnan(o.astype(np.float32)).any(), f"unwritten or NaN output ({ctx})"
+    assert not np.isnan(lse).any(), ctx
+    err = rel_err(o, ref_o)
+    assert err <= TOL[dt], f"o rel err {err:.2e} > {TOL[dt]} ({ctx})"
+    masked = fully_masked_rows(x)
+    assert np.all(np.isneginf(lse.transpose(0, 2, 1)[masked])), ctx
+    assert np.all(o.astype(np.float32)[masked] == 0), ctx
+    assert np.array_equal(np.isneginf(lse), np.isneginf(ref_lse)), ctx
+    fin = np.isfinite(ref_lse)
+    lse_tol = 1e-4 if dt == "f32" else TOL[dt]
+    assert np.max(np.abs(lse[fin] - ref_lse[fin]), initial=0) <= lse_tol * max(1.0, np.abs(ref_lse[fin]).max(initial=1)), ctx
+
+
+@pytest.mark.parametrize("case,dt", PARAMS)
+def test_backward_matches_float64_reference(case, dt):
+    x = make(case, DTYPES[dt], seed())
+    o, lse = run_fwd(x)
+    poison((x.q.shape, x.q.dtype), (x.k.shape, x.k.dtype), (x.v.shape, x.v.dtype))
+    q, k, v, kv, qs, do = on_gpu(x.q, x.k, x.v, x.kv_len, x.q_start, x.do)
+    dq, dk, dv = ex.flash_attn_bwd(q, k, v, kv, qs, o, lse, do, platform=PLATFORM, **x.kw)
+    # The reference takes the kernel's own o (as the contract's backward does) in float64.
+    refs = reference_bwd(x.q, x.k, x.v, x.kv_len, x.q_start, x.do, **x.kw)
+    ctx = f"seed={x.seed}"
+    for name, got, ref, like in (("dq", dq, refs[0], x.q), ("dk", dk, refs[1], x.k), ("dv", dv, refs[2], x.v)):
+        got = np.asarray(got)
+        assert got.dtype == like.dtype and got.shape == like.shape, f"{name} {ctx}"
+        assert np.isfinite(got.astype(np.float32)).all(), f"{name}: unwritten or non-finite values ({ctx})"
+        err = rel_err(got, ref)
+        assert err <= TOL[dt], f"{name} rel err {err:.2e} > {TOL[dt]} ({ctx})"
+    masked = fully_masked_rows(x)
+    assert np.all(np.asarray(dq).astype(np.float32)[masked] == 0), ctx
+    # Keys past kv_len get exactly zero gradients.
+    for bi, n in enumerate(x.kv_len):
+        assert np.all(np.asarray(dk)[bi, max(n, 0):].astype(np.float32) == 0), ctx
+        assert np.all(np.asarray(dv)[bi, max(n, 0):].astype(np.float32) == 0), ctx
+
+
+@pytest.mark.parametrize("dt", list(DTYPES))
+def test_jit_grad_runs_both_targets_on_the_gpu(dt):
+    case = Case("everything_d64", 2, 150, 170, 6, 2, 64, causal=True, window_size=(40, 3), softcap=12.0, kv_len="random", q_start="random")
+    x = make(case, DTYPES[dt], seed())
+    kv, qs = on_gpu(x.kv_len, x.q_start)
+
+    def loss(q, k, v):
+        o = ex.attention(q, k, v, kv, qs, x.scale, x.softcap, x.window_left, x.window_right, PLATFORM)
+        return jnp.sum(o.astype(jnp.float32) * jnp.asarray(x.do, jnp.float32))
+
+    f = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
+    args = on_gpu(x.q, x.k, x.v)
+    text = f.lower(*args).as_text()
+    assert "exla_rs_flash_attn_fwd" in text and "exla_rs_flash_attn_bwd" in text
+    grads = f(*args)
+    refs = reference_bwd(x.q, x.k, x.v, x.kv_len, x.q_start, x.do, **x.kw)
+    for g, r in zip(grads, refs):
+        assert rel_err(np.asarray(g), r) <= TOL[dt], f"seed={x.seed}"
+
+
+def test_forward_is_deterministic_and_stream_ordered():
+    """Many calls in one jit, no host sync between them: same bits every time."""
+    case = Case("repeat", 2, 300, 300, 4, 2, 128, causal=True)
+    x = make(case, jnp.bfloat16, seed())
+    q, k, v, kv, qs = on_gpu(x.q, x.k, x.v, x.kv_len, x.q_start)
+
+    @jax.jit
+    def many(q, k, v):
+        outs = []
+        for i in range(8):
+            o, _ = ex.flash_attn_fwd(q * (1 + i), k, v, kv, qs, platform=PLATFORM, **x.kw)
+            outs.append(o)
+        return jnp.stack(outs)
+
+    a, b = np.asarray(many(q, k, v)), np.asarray(many(q, k, v))
+    assert np.array_equal(a.view(np.uint16), b.view(np.uint16))
+
+
+@cuda_only
+@pytest.mark.parametrize("d", [16, 48, 80, 160])
+def test_head_dims_without_a_kernel_are_unimplemented(d):
+    assert ex.workspace_bytes(0, "cuda", jnp.bfloat16, 1, 8, 8, 2, 2, d) == -1
+    assert ex.workspace_bytes(1, "cuda", jnp.float32, 1, 8, 8, 2, 2, d) == -1
+    x = make(Case("odd", 1, 8, 8, 2, 2, d), jnp.bfloat16, seed())
+    q, k, v, kv, qs = on_gpu(x.q, x.k, x.v, x.kv_len, x.q_start)
+    ex.load(PLATFORM)
+    outs = [jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct((1, 2, 8), jnp.float32)]
+    attrs = dict(scale=np.float32(0.1), softcap=np.float32(0), window_left=np.int64(-1), window_right=np.int64(-1))
+    with pytest.raises(Exception, match=r"(?i)unimplemented.*head dim|head dim.*unimplemented|D=%d" % d):
+        jax.block_until_ready(jax.ffi.ffi_call(ex.FWD, outs)(q, k, v, kv, qs, **attrs))
+
+
+@cuda_only
+def test_workspace_matches_the_layout():
+    # Backward scratch: delta f32[B,H,Sq] (256-aligned) + f32 dq accumulator for half types.
+    b, sq, sk, h, hkv, d = 2, 100, 120, 8, 2, 128
+    delta = -(-(b * h * sq * 4) // 256) * 256
+    assert ex.workspace_bytes(0, "cuda", jnp.bfloat16, b, sq, sk, h, hkv, d) == 0
+    assert ex.workspace_bytes(1, "cuda", jnp.bfloat16, b, sq, sk, h, hkv, d) == delta + b * sq * h * d * 4
+    assert ex.workspace_bytes(1, "cuda", np.float32, b, sq, sk, h, hkv, d) == delta
