@@ -15,7 +15,10 @@ defmodule ExlaRs.MixProject do
       start_permanent: Mix.env() == :prod,
       compilers: [:exla_rs_native] ++ Mix.compilers(),
       deps: deps(),
-      package: [files: ~w(lib native/exla_rs/Cargo.toml native/exla_rs/Cargo.lock native/exla_rs/crates native/exla_rs/kernels mix.exs)]
+      package: [
+        files:
+          ~w(lib native/exla_rs/Cargo.toml native/exla_rs/Cargo.lock native/exla_rs/crates native/exla_rs/kernels mix.exs)
+      ]
     ]
   end
 

@@ -10,7 +10,10 @@ if Code.ensure_loaded?(Nx), do: {:ok, _} = Application.ensure_all_started(:nx)
 exclude =
   case System.get_env("EXLA_RS_PJRT_PLUGIN") do
     nil ->
-      IO.puts("Skipping :pjrt_plugin tests: EXLA_RS_PJRT_PLUGIN is unset (source scripts/env.sh).")
+      IO.puts(
+        "Skipping :pjrt_plugin tests: EXLA_RS_PJRT_PLUGIN is unset (source scripts/env.sh)."
+      )
+
       [:pjrt_plugin | exclude]
 
     _ ->

@@ -46,13 +46,6 @@ if Code.ensure_loaded?(Nx) do
       * `:q_start` - an integer tensor of shape `{batch}`: the key position of
         query 0. Defaults to `seq_k - seq_q` (so the queries are the last `seq_q`
         positions of the key sequence; with equal lengths, self-attention).
-      * `:platform` - `nil` (default), `:host` or `:cuda`: the platform whose
-        kernel workspace the traced program carries. EXLA takes a custom call's
-        result types from the traced default, which is built before the client
-        is known, so a platform whose kernel needs a scratch workspace
-        (`ExlaRs.NIF.workspace_bytes/9` > 0) can only use its kernel when the
-        program was traced for it. With `nil` no workspace is carried, and such a
-        platform computes with the Nx fallback instead. See `ExlaRs.CustomCall`.
 
     ## Gradients
 
@@ -73,7 +66,7 @@ if Code.ensure_loaded?(Nx) do
     alias ExlaRs.Attention.{Backward, Fallback, Forward}
 
     @float_types [{:f, 16}, {:bf, 16}, {:f, 32}, {:f, 64}]
-    @option_keys [:scale, :causal, :window_size, :softcap, :kv_len, :q_start, :platform]
+    @option_keys [:scale, :causal, :window_size, :softcap, :kv_len, :q_start]
 
     @doc """
     Scaled-dot-product attention: returns `o`, shaped and typed like `q`.
@@ -174,13 +167,6 @@ if Code.ensure_loaded?(Nx) do
       kv_len = row_tensor!(fun, :kv_len, Keyword.get(opts, :kv_len), b, sk)
       q_start = row_tensor!(fun, :q_start, Keyword.get(opts, :q_start), b, sk - sq)
 
-      platform = Keyword.get(opts, :platform)
-
-      unless platform in [nil, :host, :cuda] do
-        raise ArgumentError,
-              "#{fun}: expected :platform to be nil, :host or :cuda, got: #{inspect(platform)}"
-      end
-
       dims = [b, sq, sk, h, hkv, d]
 
       fwd = %Forward{
@@ -188,7 +174,7 @@ if Code.ensure_loaded?(Nx) do
         softcap: softcap,
         window_left: left,
         window_right: right,
-        workspace: ExlaRs.CustomCall.workspace_bytes(:forward, platform, dtype, dims)
+        workspace: ExlaRs.CustomCall.workspace_bytes(:forward, dtype, dims)
       }
 
       bwd = %Backward{
@@ -196,7 +182,7 @@ if Code.ensure_loaded?(Nx) do
         softcap: softcap,
         window_left: left,
         window_right: right,
-        workspace: ExlaRs.CustomCall.workspace_bytes(:backward, platform, dtype, dims)
+        workspace: ExlaRs.CustomCall.workspace_bytes(:backward, dtype, dims)
       }
 
       {fwd, bwd, [q, k, v, kv_len, q_start]}

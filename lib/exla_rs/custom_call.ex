@@ -9,8 +9,8 @@ defmodule ExlaRs.CustomCall do
     * on a `:host` or `:cuda` client, when the operands and the block's output are
       exactly what the contract's `exla_rs_flash_attn_fwd`/`_bwd` take and return,
       and the native library says that configuration runs there
-      (`ExlaRs.NIF.workspace_bytes/9` >= 0) with the workspace the traced program
-      carries, it makes sure our FFI targets are registered with XLA
+      (`ExlaRs.NIF.workspace_bytes/9` >= 0) within the workspace the traced
+      program carries, it makes sure our FFI targets are registered with XLA
       (`ExlaRs.register/0`, once) and returns the custom call: our target name
       and the attributes `scale`, `softcap` (`f32`), `window_left`,
       `window_right` (`i64`) as typed MLIR attribute text;
@@ -22,13 +22,14 @@ defmodule ExlaRs.CustomCall do
   ## The workspace
 
   EXLA gives a custom call exactly the results of the block's traced default
-  function (its `out`), and that trace is built before EXLA knows the client. A
-  kernel that wants a trailing `u8[N]` scratch result can therefore only be used
-  when the trace already ends in a `u8[N]` of exactly that size: the tags carry
-  `workspace: N` (chosen at trace time by the `:platform` option of
-  `ExlaRs.Attention.attention/4`, 0 by default) and the default function returns
-  that many zero bytes, which XLA drops when nothing reads them. `spec/4` only
-  emits the call when the platform's `workspace_bytes` equals the tag's.
+  function (its `out`), and that trace is built before EXLA knows the client. So
+  the tags carry `workspace: N`, the most any platform's kernel asks for that
+  configuration (`workspace_bytes/3`, 0 when none does), and the default function
+  returns that many zero bytes, which XLA drops when nothing reads them. The
+  handlers accept a workspace at least as large as they need (or one when they
+  need none), so one traced program runs our kernel on every client: `spec/4`
+  emits the call when the platform supports the configuration and needs no more
+  than the tag carries.
   """
 
   alias ExlaRs.Attention.{Backward, Forward}
@@ -50,7 +51,8 @@ defmodule ExlaRs.CustomCall do
   def spec(tag, out, args, platform) do
     with true <- platform in [:host, :cuda],
          {:ok, pass, dtype, dims} <- match_call(tag, out, args),
-         true <- native_workspace(pass, platform, dtype, dims) == tag.workspace,
+         need when need >= 0 <- native_workspace(pass, platform, dtype, dims),
+         true <- need <= tag.workspace,
          :ok <- ensure_registered() do
       {:ok, target(tag), attributes(tag)}
     else
@@ -79,15 +81,16 @@ defmodule ExlaRs.CustomCall do
   defp f32(x) when is_float(x), do: Float.to_string(x) <> " : f32"
 
   @doc """
-  The workspace bytes the traced program carries for `pass` (`:forward` or
-  `:backward`) when traced for `platform` (`nil`, `:host` or `:cuda`): what the
-  native library asks for there, or 0 when it asks for none, does not support the
-  configuration there, or is not loaded.
+  The workspace bytes a traced program carries for `pass` (`:forward` or
+  `:backward`): the most that the native library asks for on any platform that
+  supports the configuration, 0 when none asks for any, none supports it, or the
+  library is not loaded.
   """
-  def workspace_bytes(_pass, nil, _dtype, _dims), do: 0
-
-  def workspace_bytes(pass, platform, dtype, dims) do
-    max(native_workspace(pass, platform, dtype, dims), 0)
+  def workspace_bytes(pass, dtype, dims) do
+    [:host, :cuda]
+    |> Enum.map(&native_workspace(pass, &1, dtype, dims))
+    |> Enum.max()
+    |> max(0)
   end
 
   # ExlaRs.NIF.workspace_bytes/9: N > 0 bytes, 0 none, -1 unsupported there. A

@@ -26,9 +26,12 @@ defmodule ExlaRs.NIF do
         :ok
 
       {:error, {reason, text}} ->
-        message = "could not load the exla_rs NIF from #{path}.so (#{reason}: #{text}); run `mix compile`"
+        message =
+          "could not load the exla_rs NIF from #{path}.so (#{reason}: #{text}); run `mix compile`"
+
         :persistent_term.put(@load_error_key, message)
         IO.warn(message, [])
+
         # Load the module anyway: calls raise with this message instead of an UndefinedFunctionError.
         :ok
     end

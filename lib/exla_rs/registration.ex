@@ -29,7 +29,11 @@ defmodule ExlaRs.Registration do
   """
   def register(opts \\ []) do
     with :ok <- load_plugins(List.wrap(opts[:plugin])),
-         {:ok, runtimes} <- native_register(exla_paths() ++ List.wrap(opts[:paths]), Keyword.get(opts, :retry, false)) do
+         {:ok, runtimes} <-
+           native_register(
+             exla_paths() ++ List.wrap(opts[:paths]),
+             Keyword.get(opts, :retry, false)
+           ) do
       emit(runtimes)
       interpret(runtimes)
     end
@@ -122,14 +126,23 @@ defmodule ExlaRs.Registration do
           "#{r.kind} #{r.path}: " <> (r.error || failed_targets(r))
         end)
 
-      {:error, %RegistrationError{reason: :failed, runtimes: runtimes, message: "no XLA runtime took our handlers: " <> reasons}}
+      {:error,
+       %RegistrationError{
+         reason: :failed,
+         runtimes: runtimes,
+         message: "no XLA runtime took our handlers: " <> reasons
+       }}
     end
   end
 
   defp failed_targets(runtime) do
-    Enum.map_join(for(%{result: {:error, why}} = r <- runtime.registrations, do: {r, why}), ", ", fn {r, why} ->
-      "#{r.target}@#{r.platform}: #{why}"
-    end)
+    Enum.map_join(
+      for(%{result: {:error, why}} = r <- runtime.registrations, do: {r, why}),
+      ", ",
+      fn {r, why} ->
+        "#{r.target}@#{r.platform}: #{why}"
+      end
+    )
   end
 
   defp emit(runtimes) do

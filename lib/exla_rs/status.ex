@@ -24,8 +24,6 @@ defmodule ExlaRs.Status do
 
   alias ExlaRs.{NIF, Registration}
 
-  @version Mix.Project.config()[:version]
-
   def collect do
     case NIF.load_error() do
       nil -> loaded()
@@ -38,7 +36,7 @@ defmodule ExlaRs.Status do
     {runtimes, counters} = NIF.runtimes(Registration.exla_paths())
 
     %{
-      version: @version,
+      version: version() || info.version,
       native_version: info.version,
       nif: :loaded,
       ffi_api_version: info.ffi_api_version,
@@ -51,15 +49,35 @@ defmodule ExlaRs.Status do
     }
   end
 
+  defp version do
+    case Application.spec(:exla_rs, :vsn) do
+      nil -> nil
+      vsn -> to_string(vsn)
+    end
+  end
+
   defp not_loaded(reason) do
     %{
-      version: @version,
+      version: version(),
       native_version: nil,
       nif: {:error, reason},
       ffi_api_version: nil,
       targets: [],
-      cuda: %{available: false, reason: "unknown: the NIF is not loaded", driver_version: nil, devices: []},
-      kernels: %{embedded_archs: [], ptx_arch: nil, nvcc_version: nil, nvrtc_fallback: false, nvrtc_available: false, kernel_files: 0, note: nil},
+      cuda: %{
+        available: false,
+        reason: "unknown: the NIF is not loaded",
+        driver_version: nil,
+        devices: []
+      },
+      kernels: %{
+        embedded_archs: [],
+        ptx_arch: nil,
+        nvcc_version: nil,
+        nvrtc_fallback: false,
+        nvrtc_available: false,
+        kernel_files: 0,
+        note: nil
+      },
       runtimes: [],
       registrations: %{passes: 0, attempted: 0, succeeded: 0, failed: 0, runtime_failures: 0},
       at_start: Registration.start_result()

@@ -13,7 +13,11 @@ defmodule Mix.Tasks.ExlaRs.StatusTest do
   end
 
   test "--register reports a registration failure without raising" do
-    output = capture_io(:stderr, fn -> capture_io(fn -> Mix.Tasks.ExlaRs.Status.run(["--plugin", "/nonexistent/p.so"]) end) end)
+    output =
+      capture_io(:stderr, fn ->
+        capture_io(fn -> Mix.Tasks.ExlaRs.Status.run(["--plugin", "/nonexistent/p.so"]) end)
+      end)
+
     assert output =~ "registration: cannot load /nonexistent/p.so"
   end
 end

@@ -22,7 +22,9 @@ defmodule ExlaRs.NIFTest do
   end
 
   test "a panic in Rust comes back as {:error, reason}; the VM lives on" do
-    assert {:error, "exla_rs internal error in panic_for_test: deliberate panic"} = NIF.panic_for_test()
+    assert {:error, "exla_rs internal error in panic_for_test: deliberate panic"} =
+             NIF.panic_for_test()
+
     assert %{ffi_api_version: {0, 1}} = NIF.native_info()
   end
 

@@ -19,7 +19,9 @@ defmodule ExlaRs.PjrtPluginTest do
     assert {:ok, %{newly_loaded: false}} = ExlaRs.load_pjrt_plugin(info.path)
   end
 
-  test "register puts our Host and CUDA targets into its XLA, as XLA itself answers", %{info: info} do
+  test "register puts our Host and CUDA targets into its XLA, as XLA itself answers", %{
+    info: info
+  } do
     assert {:ok, runtimes} = ExlaRs.register()
     plugin = Enum.find(runtimes, &(&1.path == info.path))
     assert %{kind: :pjrt_plugin, state: :registered, verified: true, error: nil} = plugin
@@ -29,7 +31,8 @@ defmodule ExlaRs.PjrtPluginTest do
     assert plugin.route =~ "XLA_FFI_Handler_Register"
 
     for t <- ["exla_rs_flash_attn_fwd", "exla_rs_flash_attn_bwd"], p <- ["Host", "CUDA"] do
-      assert %{result: :ok} = Enum.find(plugin.registrations, &(&1.target == t and &1.platform == p))
+      assert %{result: :ok} =
+               Enum.find(plugin.registrations, &(&1.target == t and &1.platform == p))
     end
   end
 
@@ -37,7 +40,10 @@ defmodule ExlaRs.PjrtPluginTest do
     {:ok, _} = ExlaRs.register()
     before = ExlaRs.status().registrations
 
-    results = 1..16 |> Task.async_stream(fn _ -> ExlaRs.register() end, max_concurrency: 16) |> Enum.map(fn {:ok, r} -> r end)
+    results =
+      1..16
+      |> Task.async_stream(fn _ -> ExlaRs.register() end, max_concurrency: 16)
+      |> Enum.map(fn {:ok, r} -> r end)
 
     for {:ok, runtimes} <- results do
       assert %{state: :registered} = Enum.find(runtimes, &(&1.path == info.path))
@@ -50,6 +56,7 @@ defmodule ExlaRs.PjrtPluginTest do
   end
 
   test "status and the mix task show the plugin", %{info: info} do
+    {:ok, _} = ExlaRs.register()
     assert %{state: :registered} = Enum.find(ExlaRs.status().runtimes, &(&1.path == info.path))
     output = ExUnit.CaptureIO.capture_io(fn -> Mix.Tasks.ExlaRs.Status.run([]) end)
     assert output =~ "pjrt_plugin: #{info.path}"

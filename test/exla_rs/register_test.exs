@@ -27,14 +27,21 @@ defmodule ExlaRs.RegisterTest do
   test "register! raises the error" do
     elixir = System.find_executable("elixir")
     ebin = Path.join(Mix.Project.app_path(), "ebin")
-    script = "try do ExlaRs.register!() rescue e in ExlaRs.RegistrationError -> IO.write(e.message) end"
+
+    script =
+      "try do ExlaRs.register!() rescue e in ExlaRs.RegistrationError -> IO.write(e.message) end"
+
     {out, 0} = System.cmd(elixir, ["-pa", ebin, "-e", script])
     assert out =~ "no XLA runtime is loaded in this VM"
   end
 
   test "an explicit runtime path that is not loaded comes back as a failed runtime" do
-    assert {:error, %ExlaRs.RegistrationError{reason: :failed, runtimes: runtimes}} =
-             ExlaRs.register(paths: ["/nonexistent/xla_extension/lib/libxla_extension.so"])
+    # {:error, :failed} alone; {:ok, _} when another test loaded a plugin into this VM.
+    runtimes =
+      case ExlaRs.register(paths: ["/nonexistent/xla_extension/lib/libxla_extension.so"]) do
+        {:error, %ExlaRs.RegistrationError{reason: :failed, runtimes: runtimes}} -> runtimes
+        {:ok, runtimes} -> runtimes
+      end
 
     assert %{kind: :xla_extension, state: :failed, error: error} =
              Enum.find(runtimes, &(&1.path =~ "nonexistent"))

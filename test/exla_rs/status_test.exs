@@ -1,7 +1,17 @@
 defmodule ExlaRs.StatusTest do
   use ExUnit.Case, async: true
 
-  @keys [:version, :nif, :ffi_api_version, :targets, :cuda, :kernels, :runtimes, :registrations, :at_start]
+  @keys [
+    :version,
+    :nif,
+    :ffi_api_version,
+    :targets,
+    :cuda,
+    :kernels,
+    :runtimes,
+    :registrations,
+    :at_start
+  ]
 
   test "status has every key" do
     status = ExlaRs.status()
@@ -60,7 +70,8 @@ defmodule ExlaRs.StatusTest do
       assert is_binary(r.path)
     end
 
-    assert %{passes: _, attempted: _, succeeded: _, failed: _, runtime_failures: _} = status.registrations
+    assert %{passes: _, attempted: _, succeeded: _, failed: _, runtime_failures: _} =
+             status.registrations
   end
 
   test "the application start was recorded and did not fail without EXLA" do
@@ -72,7 +83,10 @@ defmodule ExlaRs.StatusTest do
 
   test "the formatter renders every section" do
     text = ExlaRs.Status.Formatter.format(ExlaRs.status())
-    for section <- ["NIF", "Handlers", "CUDA", "Kernels", "XLA runtimes", "Registration"], do: assert(text =~ section)
+
+    for section <- ["NIF", "Handlers", "CUDA", "Kernels", "XLA runtimes", "Registration"],
+        do: assert(text =~ section)
+
     assert text =~ "exla_rs_flash_attn_fwd on Host"
   end
 end

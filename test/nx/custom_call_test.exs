@@ -72,9 +72,9 @@ if Code.ensure_loaded?(Nx) and Code.ensure_loaded?(EXLA.CustomCall) do
         expect_fwd = native_ws(0, platform, {:f, 32}, {2, 8, 4, 64}, {2, 8, 2, 64})
         expect_bwd = native_ws(1, platform, {:f, 32}, {2, 8, 4, 64}, {2, 8, 2, 64})
 
-        # Traced without a :platform, the program carries no workspace: the call is ours
-        # exactly where the native library supports it without one.
-        if expect_fwd == 0 do
+        # One traced program carries the largest workspace any platform needs, so the
+        # call is ours on every client whose kernels support the configuration.
+        if expect_fwd >= 0 do
           assert {:ok, %EXLA.CustomCall.Spec{} = spec} = EXLA.CustomCall.call(fwd, fout, fargs, client(platform))
           assert spec.call_target_name == "exla_rs_flash_attn_fwd"
           assert spec.attributes == attributes
@@ -83,7 +83,7 @@ if Code.ensure_loaded?(Nx) and Code.ensure_loaded?(EXLA.CustomCall) do
           assert :skip == EXLA.CustomCall.call(fwd, fout, fargs, client(platform))
         end
 
-        if expect_bwd == 0 do
+        if expect_bwd >= 0 do
           assert {:ok, %EXLA.CustomCall.Spec{} = spec} = EXLA.CustomCall.call(bwd, bout, bargs, client(platform))
           assert spec.call_target_name == "exla_rs_flash_attn_bwd"
           assert spec.attributes == attributes
@@ -141,25 +141,40 @@ if Code.ensure_loaded?(Nx) and Code.ensure_loaded?(EXLA.CustomCall) do
       assert {:ok, _} = EXLA.CustomCall.call(fwd, fout, fargs, client(:host))
       assert :skip == EXLA.CustomCall.call(fwd, {o}, fargs, client(:host))
       assert :skip == EXLA.CustomCall.call(fwd, {o, Nx.as_type(lse, :f16)}, fargs, client(:host))
-      # A workspace the platform does not want.
+      # A workspace larger than the platform needs is fine (the handlers take the first bytes).
       ws = Nx.template({64}, {:u, 8})
-      assert :skip == EXLA.CustomCall.call(%{fwd | workspace: 64}, {o, lse, ws}, fargs, client(:host))
+      assert {:ok, _} = EXLA.CustomCall.call(%{fwd | workspace: 64}, {o, lse, ws}, fargs, client(:host))
+      # A workspace that does not match the tag is not our call.
+      assert :skip == EXLA.CustomCall.call(%{fwd | workspace: 32}, {o, lse, ws}, fargs, client(:host))
       # Wrong operands.
       assert :skip == EXLA.CustomCall.call(fwd, fout, Enum.take(fargs, 3), client(:host))
     end
 
-    test "traced for a platform, the program carries that platform's workspace" do
-      for platform <- [:host, :cuda] do
-        ws = native_ws(0, platform, {:f, 32}, {1, 4, 2, 16}, {1, 4, 2, 16})
-        {{fwd, fout, fargs}, {bwd, bout, _}} = blocks({:f, 32}, {1, 4, 2, 16}, {1, 4, 2, 16}, platform: platform)
-        assert fwd.workspace == max(ws, 0)
-        assert tuple_size(fout) == if(ws > 0, do: 3, else: 2)
-        assert tuple_size(bout) == if(bwd.workspace > 0, do: 4, else: 3)
+    test "one traced program carries the largest workspace and runs on both clients" do
+      for pass <- [0, 1] do
+        need = Enum.map([:host, :cuda], &native_ws(pass, &1, {:bf, 16}, {1, 4, 2, 64}, {1, 4, 2, 64}))
+        {{fwd, fout, fargs}, {bwd, bout, bargs}} = blocks({:bf, 16}, {1, 4, 2, 64}, {1, 4, 2, 64}, [])
+        {tag, out, args, base} = if pass == 0, do: {fwd, fout, fargs, 2}, else: {bwd, bout, bargs, 3}
+        assert tag.workspace == max(Enum.max(need), 0)
+        assert tuple_size(out) == if(tag.workspace > 0, do: base + 1, else: base)
 
-        if ws >= 0 do
-          assert {:ok, _} = EXLA.CustomCall.call(fwd, fout, fargs, client(platform))
+        for {platform, n} <- Enum.zip([:host, :cuda], need), n >= 0 do
+          assert {:ok, _} = EXLA.CustomCall.call(tag, out, args, client(platform))
         end
       end
+    end
+
+    test "a tag whose workspace is smaller than the platform needs skips" do
+      {{fwd, fout, fargs}, _} = blocks({:f, 32}, {1, 4, 2, 16}, {1, 4, 2, 16}, [])
+      {o, lse} = {elem(fout, 0), elem(fout, 1)}
+      cuda_need = native_ws(0, :cuda, {:f, 32}, {1, 4, 2, 16}, {1, 4, 2, 16})
+
+      if cuda_need > 0 do
+        ws = Nx.template({cuda_need - 1}, {:u, 8})
+        assert :skip == EXLA.CustomCall.call(%{fwd | workspace: cuda_need - 1}, {o, lse, ws}, fargs, client(:cuda))
+      end
+
+      assert {:ok, _} = EXLA.CustomCall.call(%{fwd | workspace: 0}, {o, lse}, fargs, client(:host))
     end
 
     test "when registration fails, the block skips (and falls back to Nx)" do

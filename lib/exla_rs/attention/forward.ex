@@ -3,8 +3,8 @@ defmodule ExlaRs.Attention.Forward do
   The `Nx.block/4` tag of the fused attention forward pass.
 
   Its inputs are `q, k, v, kv_len, q_start` and its output is `{o, lse}`, or
-  `{o, lse, workspace}` when `workspace > 0` (see `ExlaRs.Attention`, option
-  `:platform`). With EXLA it lowers to the `exla_rs_flash_attn_fwd` custom call
+  `{o, lse, workspace}` when `workspace > 0` (see "The workspace" in
+  `ExlaRs.CustomCall`). With EXLA it lowers to the `exla_rs_flash_attn_fwd` custom call
   (see `ExlaRs.CustomCall`); everywhere else its default function,
   `ExlaRs.Attention.Fallback.forward/6`, computes the same function in plain Nx.
 

@@ -30,6 +30,7 @@ defmodule ExlaRs.Status.Formatter do
     ["available, driver #{driver(c.driver_version)}, #{length(c.devices)} device(s)"] ++
       Enum.map(c.devices, fn d ->
         {maj, min} = d.compute_capability
+
         "[#{d.ordinal}] #{d.name}, compute capability #{maj}.#{min}, #{gib(d.total_memory_bytes)} GiB"
       end)
   end
@@ -40,7 +41,10 @@ defmodule ExlaRs.Status.Formatter do
       "PTX: #{k.ptx_arch || "none"}",
       "nvcc: #{k.nvcc_version || "not used"}",
       "NVRTC fallback: #{if k.nvrtc_fallback, do: "yes", else: "no"}" <>
-        if(Map.get(k, :nvrtc_available), do: " (libnvrtc loadable now)", else: " (libnvrtc not loadable now)"),
+        if(Map.get(k, :nvrtc_available),
+          do: " (libnvrtc loadable now)",
+          else: " (libnvrtc not loadable now)"
+        ),
       "kernel files: #{Map.get(k, :kernel_files, 0)}"
     ] ++ if(Map.get(k, :note), do: ["note: #{k.note}"], else: [])
   end

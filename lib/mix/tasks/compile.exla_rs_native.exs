@@ -29,7 +29,9 @@ defmodule Mix.Tasks.Compile.ExlaRsNative do
 
     cond do
       System.get_env("EXLA_RS_SKIP_CARGO") in ~w(1 true) ->
-        if File.exists?(dest), do: {:noop, []}, else: error("EXLA_RS_SKIP_CARGO is set but #{dest} does not exist")
+        if File.exists?(dest),
+          do: {:noop, []},
+          else: error("EXLA_RS_SKIP_CARGO is set but #{dest} does not exist")
 
       up_to_date?(native, dest, profile) ->
         {:noop, []}
@@ -38,11 +40,16 @@ defmodule Mix.Tasks.Compile.ExlaRsNative do
         build(cargo, native, dest, profile)
 
       File.exists?(dest) ->
-        Mix.shell().info("exla_rs: cargo not found; using the existing #{dest} (sources changed since)")
+        Mix.shell().info(
+          "exla_rs: cargo not found; using the existing #{dest} (sources changed since)"
+        )
+
         {:noop, []}
 
       true ->
-        error("cargo (Rust) is needed to build the exla_rs NIF: install it (https://rustup.rs) or set CARGO")
+        error(
+          "cargo (Rust) is needed to build the exla_rs NIF: install it (https://rustup.rs) or set CARGO"
+        )
     end
   end
 
@@ -62,11 +69,16 @@ defmodule Mix.Tasks.Compile.ExlaRsNative do
   defp build(cargo, native, dest, profile) do
     args =
       ["build", "--manifest-path", Path.join(native, "Cargo.toml"), "-p", @crate] ++
-        profile_args(profile) ++ String.split(System.get_env("EXLA_RS_CARGO_ARGS", ""), " ", trim: true)
+        profile_args(profile) ++
+        String.split(System.get_env("EXLA_RS_CARGO_ARGS", ""), " ", trim: true)
 
     Mix.shell().info("exla_rs: #{Enum.join([cargo | args], " ")}")
 
-    case System.cmd(cargo, args, cd: native, into: IO.stream(:stdio, :line), stderr_to_stdout: true) do
+    case System.cmd(cargo, args,
+           cd: native,
+           into: IO.stream(:stdio, :line),
+           stderr_to_stdout: true
+         ) do
       {_, 0} ->
         src = Path.join([target_dir(native), profile_dir(profile), built_name()])
 

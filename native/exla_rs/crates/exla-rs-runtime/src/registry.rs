@@ -106,7 +106,7 @@ pub fn register(handlers: &HandlerSet, extra: &[PathBuf], retry_failed: bool) ->
         let previous = st.records[idx].report.clone();
         let tried = previous.state() != "found";
         let complete = handlers.targets.iter().all(|t| previous.registered(t.name, t.platform) || !applies(&previous, t.platform));
-        if (tried && complete) || (tried && !retry_failed) {
+        if tried && (complete || !retry_failed) {
             out.push(previous);
             continue;
         }
@@ -130,7 +130,8 @@ pub fn register(handlers: &HandlerSet, extra: &[PathBuf], retry_failed: bool) ->
 
 /// The GPU custom-call route registers CUDA targets only; a Host target there is not missing.
 fn applies(report: &RuntimeReport, platform: &str) -> bool {
-    !(report.route.as_deref().is_some_and(|r| r.contains("GPU custom-call")) && !HandlerSet::is_cuda(platform))
+    let gpu_route = report.route.as_deref().is_some_and(|r| r.contains("GPU custom-call"));
+    !gpu_route || HandlerSet::is_cuda(platform)
 }
 
 fn count(c: &mut Counters, fresh: &RuntimeReport) {

@@ -28,7 +28,7 @@ type GetXlaFfiApi = unsafe extern "C" fn() -> *const sys::XLA_FFI_Api;
 
 /// `libxla_extension.so`, `libxla_extension.so.0`, `libxla_extension-0.9.1.so`, ...
 pub fn is_xla_extension(path: &Path) -> bool {
-    path.file_name().map_or(false, |n| n.to_string_lossy().starts_with("libxla_extension"))
+    path.file_name().is_some_and(|n| n.to_string_lossy().starts_with("libxla_extension"))
 }
 
 /// The runtime's `XLA_FFI_Api`, or why we cannot get it.
@@ -59,8 +59,8 @@ pub fn register(path: &Path, handlers: &HandlerSet, skip: impl Fn(&str, &str) ->
     register_into(api, report, handlers, skip)
 }
 
-/// The part after the symbol lookup, separate so tests can hand in a fake `XLA_FFI_Api`.
-pub fn register_into(api: *const sys::XLA_FFI_Api, mut report: RuntimeReport, handlers: &HandlerSet, skip: impl Fn(&str, &str) -> bool) -> RuntimeReport {
+/// The part after the symbol lookup. `api` is what the runtime's getter returned (non-NULL).
+fn register_into(api: *const sys::XLA_FFI_Api, mut report: RuntimeReport, handlers: &HandlerSet, skip: impl Fn(&str, &str) -> bool) -> RuntimeReport {
     report.route = Some(format!("{GETTER_SYMBOL} -> XLA_FFI_Handler_Register"));
     // SAFETY: api came from the runtime's getter and lives as long as the library.
     report.ffi_api_version = unsafe { ffi_api::version_of(api) };

@@ -1,12 +1,12 @@
 //! Host (CPU) handlers: decode, view the buffers as typed slices, run `exla_rs_attn::host`.
 
 use exla_rs_attn::host::{self as kernel, BwdInputs, BwdOutputs, FwdInputs, FwdOutputs, HostElement};
-use exla_rs_attn::{ElementType, Platform};
+use exla_rs_attn::{ElementType, Pass, Platform};
 use half::{bf16, f16};
 use xla_ffi::sys::{XLA_FFI_CallFrame, XLA_FFI_Error};
 use xla_ffi::{run_handler, Buffer, CallFrame, FfiError};
 
-use crate::decode::{self, attn_error, BwdCall, FwdCall};
+use crate::decode::{self, attn_error, BwdCall, Common, FwdCall};
 use crate::targets::{BWD_INFO, FWD_INFO};
 
 pub(crate) unsafe fn forward_handler(frame: *mut XLA_FFI_CallFrame) -> *mut XLA_FFI_Error {
@@ -35,10 +35,13 @@ fn backward(frame: &CallFrame<'_>) -> Result<(), FfiError> {
     }
 }
 
-fn workspace_slice<'a>(ws: &Option<Buffer<'a>>) -> Result<&'a mut [u8], FfiError> {
+/// The first `need` bytes of the workspace result: decode accepted one at least that large
+/// (or none when `need` is 0), and the kernel takes exactly what it asked for.
+fn workspace_slice<'a>(ws: &Option<Buffer<'a>>, pass: Pass, c: &Common<'_>) -> Result<&'a mut [u8], FfiError> {
+    let need = kernel::workspace_bytes(pass, c.dtype, &c.shape);
     match ws {
         // SAFETY: XLA's result buffer, host memory, exclusively ours for the call.
-        Some(w) => unsafe { w.as_mut_slice::<u8>() },
+        Some(w) => Ok(&mut unsafe { w.as_mut_slice::<u8>() }?[..need]),
         None => Ok(&mut []),
     }
 }
@@ -53,7 +56,7 @@ fn run_forward<T: HostElement>(target: &str, call: &FwdCall<'_>) -> Result<(), F
             FwdOutputs { o: call.o.as_mut_slice::<T>()?, lse: call.lse.as_mut_slice::<f32>()? },
         )
     };
-    kernel::forward(&c.shape, &c.opts, inp, out, workspace_slice(&call.workspace)?).map_err(|e| attn_error(target, e))
+    kernel::forward(&c.shape, &c.opts, inp, out, workspace_slice(&call.workspace, Pass::Forward, c)?).map_err(|e| attn_error(target, e))
 }
 
 fn run_backward<T: HostElement>(target: &str, call: &BwdCall<'_>) -> Result<(), FfiError> {
@@ -74,5 +77,5 @@ fn run_backward<T: HostElement>(target: &str, call: &BwdCall<'_>) -> Result<(), 
             BwdOutputs { dq: call.dq.as_mut_slice::<T>()?, dk: call.dk.as_mut_slice::<T>()?, dv: call.dv.as_mut_slice::<T>()? },
         )
     };
-    kernel::backward(&c.shape, &c.opts, inp, out, workspace_slice(&call.workspace)?).map_err(|e| attn_error(target, e))
+    kernel::backward(&c.shape, &c.opts, inp, out, workspace_slice(&call.workspace, Pass::Backward, c)?).map_err(|e| attn_error(target, e))
 }

@@ -113,7 +113,7 @@ impl FfiExtension {
 
 /// INVALID_ARGUMENT (3) naming a size: PJRT's `ActualStructSizeIsGreaterOrEqual` refusal.
 fn is_size_refusal(e: &PjrtError) -> bool {
-    e.code.map_or(true, |c| c == 3) && e.message.contains("size")
+    e.code.is_none_or(|c| c == 3) && e.message.contains("size")
 }
 
 #[cfg(test)]

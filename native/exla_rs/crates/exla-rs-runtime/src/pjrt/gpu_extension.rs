@@ -61,7 +61,7 @@ impl GpuCustomCallExtension {
         for size in SIZES {
             match self.register(size, target, handler) {
                 Ok(()) => return Ok(size),
-                Err(e) if e.code.map_or(true, |c| c == 3) && e.message.contains("size") => {
+                Err(e) if e.code.is_none_or(|c| c == 3) && e.message.contains("size") => {
                     refusals.push(format!("{size} bytes: {}", e.message))
                 }
                 Err(e) => return Err(e.to_string()),

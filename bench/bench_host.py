@@ -1,0 +1,243 @@
+"""Host (CPU) benchmark: our flash-attention FFI handlers vs XLA's own attention, both under jit.
+
+    .venv/jax-0.10.2/bin/python bench/bench_host.py            # full table, updates bench/RESULTS.md
+    .venv/jax-0.10.2/bin/python bench/bench_host.py --quick    # S=1024 only, no file update
+
+Ours: `exla_rs_jax.attention` (test/xla/exla_rs_jax.py), a jax.custom_vjp over the
+`exla_rs_flash_attn_fwd/bwd` targets, so jax.grad runs our backward kernel.
+XLA:  `jax.nn.dot_product_attention(q, k, v, is_causal=..., implementation="xla")` and its jax.grad.
+Shapes: B=1, H=8, D=64, f32, S in {1024, 2048, 4096}, causal and not.
+"fwd" times o = attn(q, k, v); "fwd+bwd" times jax.grad of sum(attn(q, k, v) * do) w.r.t. q, k, v.
+
+Every (S, causal, impl, pass) runs in its own child process, so its VmHWM (peak RSS, from
+/proc/self/status) is that configuration's alone; we report peak minus the RSS measured right
+after the inputs exist (so the inputs and the Python/JAX runtime are not counted).
+Inputs are fresh standard-normal draws (seeded per run), never zeros. Before timing, a check
+child compares ours, XLA and a float64 numpy reference at small S, and ours vs XLA at S=2048.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "test/xla"))
+
+B, H, D = 1, 8, 64
+SCALE = 1.0 / D**0.5
+
+
+def rss_kb(field: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    return -1
+
+
+def make_inputs(s: int, seed: int):
+    import jax.numpy as jnp
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    q, k, v, do = (jnp.asarray(rng.standard_normal((B, s, H, D), dtype=np.float32)) for _ in range(4))
+    return q, k, v, do
+
+
+def build(impl: str, pass_: str, s: int, causal: bool, do):
+    """The jitted function of (q, k, v) for one configuration."""
+    import jax
+    import jax.numpy as jnp
+
+    if impl == "ours":
+        import exla_rs_jax as ex
+
+        kv_len = jnp.full((B,), s, jnp.int32)
+        q_start = jnp.zeros((B,), jnp.int32)
+        wl, wr = ex.window(causal)
+        attn = lambda q, k, v: ex.attention(q, k, v, kv_len, q_start, SCALE, 0.0, wl, wr, "cpu")
+    else:
+        attn = lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=causal, scale=SCALE, implementation="xla")
+    if pass_ == "fwd":
+        return jax.jit(attn)
+    return jax.jit(jax.grad(lambda q, k, v: jnp.sum(attn(q, k, v) * do), argnums=(0, 1, 2)))
+
+
+def child_time(args) -> dict:
+    import jax
+
+    q, k, v, do = make_inputs(args.s, args.seed)
+    jax.block_until_ready((q, k, v, do))
+    base = rss_kb("VmRSS")
+    f = build(args.impl, args.pass_, args.s, args.causal, do)
+    jax.block_until_ready(f(q, k, v))  # compile + warm up
+    jax.block_until_ready(f(q, k, v))
+    times = []
+    for _ in range(args.reps):
+        t = time.perf_counter()
+        jax.block_until_ready(f(q, k, v))
+        times.append(time.perf_counter() - t)
+    times.sort()
+    return {"best_ms": 1e3 * times[0], "median_ms": 1e3 * times[len(times) // 2], "peak_kb": rss_kb("VmHWM"), "base_kb": base}
+
+
+def rel(a, b) -> float:
+    import numpy as np
+
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    return float(np.abs(a - b).max() / max(np.abs(b).max(), 1e-30))
+
+
+def child_check(args) -> dict:
+    """Ours vs XLA vs float64 at a small S (float64 grads via jax.grad of the jnp reference under
+    x64), and ours vs XLA at S=2048."""
+    import jax
+
+    jax.config.update("jax_enable_x64", True)
+    import jax.numpy as jnp
+    import numpy as np
+    import exla_rs_jax as ex
+
+    out = {}
+    for s, with_ref in ((256, True), (2048, False)):
+        q, k, v, do = make_inputs(s, args.seed + s)
+        for causal in (False, True):
+            key = f"S={s} {'causal' if causal else 'full'}"
+            o_ours = build("ours", "fwd", s, causal, do)(q, k, v)
+            o_xla = build("xla", "fwd", s, causal, do)(q, k, v)
+            g_ours = build("ours", "bwd", s, causal, do)(q, k, v)
+            g_xla = build("xla", "bwd", s, causal, do)(q, k, v)
+            r = {"o ours~xla": rel(o_ours, o_xla)}
+            for n, a, b in zip(("dq", "dk", "dv"), g_ours, g_xla):
+                r[f"{n} ours~xla"] = rel(a, b)
+            if with_ref:
+                kv_len, q_start = np.full((B,), s, np.int32), np.zeros((B,), np.int32)
+                wl, wr = ex.window(causal)
+                kw = dict(scale=SCALE, window_left=wl, window_right=wr)
+                ref_o, _ = ex.reference_fwd(q, k, v, kv_len, q_start, **kw)
+                r["o ours~f64"] = rel(o_ours, ref_o)
+                r["o xla~f64"] = rel(o_xla, ref_o)
+                f64 = lambda a: jnp.asarray(np.asarray(a, np.float64))
+                dof = f64(do)
+                ref_g = jax.grad(lambda a, b, c: jnp.sum(ex.reference_jax(a, b, c, kv_len, q_start, **kw) * dof), argnums=(0, 1, 2))(f64(q), f64(k), f64(v))
+                for n, a, b, c in zip(("dq", "dk", "dv"), g_ours, g_xla, ref_g):
+                    r[f"{n} ours~f64"] = rel(a, c)
+                    r[f"{n} xla~f64"] = rel(b, c)
+            out[key] = r
+    return out
+
+
+def spawn(extra: list[str]) -> dict:
+    cmd = [sys.executable, __file__, "--child", *extra]
+    res = subprocess.run(cmd, capture_output=True, text=True)
+    if res.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed:\n{res.stderr[-3000:]}")
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def machine() -> str:
+    model = "unknown CPU"
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
+        model = re.search(r"Model name:\s*(.+)", out).group(1).strip()
+    except Exception:
+        pass
+    import jax
+
+    isa = os.environ.get("EXLA_RS_HOST_ISA", "widest available (AVX-512 here)")
+    return f"{model}, {os.cpu_count()} cores, {platform.system()} {platform.release()}; jax {jax.__version__}; Host kernel ISA: {isa}"
+
+
+def update_results(section: str) -> None:
+    path = ROOT / "bench/RESULTS.md"
+    text = path.read_text() if path.exists() else "# Benchmark results\n"
+    pat = re.compile(r"^## Host \(CPU\)\n.*?(?=^## |\Z)", re.S | re.M)
+    text = pat.sub(lambda _: section, text) if pat.search(text) else text.rstrip("\n") + "\n\n" + section
+    path.write_text(text)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--child", action="store_true")
+    ap.add_argument("--check", action="store_true")
+    ap.add_argument("--impl", default="ours")
+    ap.add_argument("--pass", dest="pass_", default="fwd")
+    ap.add_argument("--s", type=int, default=1024)
+    ap.add_argument("--causal", action="store_true")
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--seed", type=int, default=int.from_bytes(os.urandom(4), "little"))
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--sizes", default="1024,2048,4096")
+    ap.add_argument("--no-write", action="store_true")
+    args = ap.parse_args()
+    if args.child:
+        print(json.dumps(child_check(args) if args.check else child_time(args)))
+        return
+
+    seed = args.seed
+    print(f"seed {seed}", flush=True)
+    check = spawn(["--check", "--seed", str(seed)])
+    for key, r in check.items():
+        print(key, " ".join(f"{n}={e:.1e}" for n, e in r.items()), flush=True)
+    # Ours must match float64 to the f32 bar; against XLA (itself an f32 approximation) allow 1e-3.
+    bad = {key: {n: e for n, e in r.items() if e > (1e-4 if "f64" in n else 1e-3) and "ours" in n} for key, r in check.items()}
+    bad = {k: v for k, v in bad.items() if v}
+    if bad:
+        raise SystemExit(f"results disagree beyond 1e-4: {bad}")
+
+    sizes = [1024] if args.quick else [int(x) for x in args.sizes.split(",")]
+    rows = []
+    for s in sizes:
+        reps = args.reps if s < 4096 else max(2, args.reps - 2)
+        for causal in (False, True):
+            for pass_ in ("fwd", "bwd"):
+                res = {}
+                for impl in ("ours", "xla"):
+                    extra = ["--impl", impl, "--pass", pass_, "--s", str(s), "--reps", str(reps), "--seed", str(seed)]
+                    res[impl] = spawn(extra + (["--causal"] if causal else []))
+                row = (s, causal, "fwd" if pass_ == "fwd" else "fwd+bwd", res["ours"], res["xla"])
+                rows.append(row)
+                o, x = res["ours"], res["xla"]
+                print(
+                    f"S={s} {'causal' if causal else 'full  '} {row[2]:8s} ours {o['best_ms']:9.1f} ms  xla {x['best_ms']:9.1f} ms  "
+                    f"speedup {x['best_ms'] / o['best_ms']:5.2f}x  peak ours {(o['peak_kb'] - o['base_kb']) / 1024:7.1f} MiB  xla {(x['peak_kb'] - x['base_kb']) / 1024:7.1f} MiB",
+                    flush=True,
+                )
+
+    lines = [
+        "## Host (CPU)",
+        "",
+        f"Run {dt.date.today().isoformat()} by `bench/bench_host.py` (seed {seed}). Machine: {machine()}.",
+        "B=1, H=8, D=64, f32, self-attention (kv_len = S, q_start = 0). Both sides under `jax.jit`;",
+        "ours = `exla_rs_flash_attn_fwd/bwd` through `jax.ffi` as a `jax.custom_vjp`; XLA =",
+        '`jax.nn.dot_product_attention(..., implementation="xla")`. "fwd+bwd" = `jax.grad` of',
+        "`sum(attn(q,k,v)·do)` w.r.t. q, k, v (it includes the forward). Times: best of N after warm-up",
+        "(median in brackets). Memory: peak RSS (VmHWM) of a fresh process per configuration minus its",
+        "RSS once the inputs exist, i.e. what the computation itself needed at its peak.",
+        "",
+        "| S | mask | pass | ours ms | XLA ms | XLA / ours | ours peak MiB | XLA peak MiB |",
+        "|---:|---|---|---:|---:|---:|---:|---:|",
+    ]
+    for s, causal, p, o, x in rows:
+        lines.append(
+            f"| {s} | {'causal' if causal else 'none'} | {p} | {o['best_ms']:.1f} ({o['median_ms']:.1f}) | {x['best_ms']:.1f} ({x['median_ms']:.1f}) "
+            f"| {x['best_ms'] / o['best_ms']:.2f}x | {(o['peak_kb'] - o['base_kb']) / 1024:.0f} | {(x['peak_kb'] - x['base_kb']) / 1024:.0f} |"
+        )
+    lines += ["", "Agreement (max abs error / max abs of the second operand):", ""]
+    for key, r in check.items():
+        lines.append(f"- {key}: " + ", ".join(f"{n} {e:.1e}" for n, e in r.items()))
+    section = "\n".join(lines) + "\n"
+    print(section)
+    if not (args.quick or args.no_write):
+        update_results(section)
+
+
+if __name__ == "__main__":
+    main()

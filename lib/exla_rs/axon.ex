@@ -1,0 +1,99 @@
+if Code.ensure_loaded?(Nx) do
+  defmodule ExlaRs.Axon do
+    @moduledoc """
+    `ExlaRs.attention/4` for Axon models, Bumblebee-style.
+
+    `layer/4`, `layer/5` and `layer/6` are layer functions in Axon's calling
+    convention (the input tensors, then a keyword list that Axon extends with
+    `:mode` and the like; unknown keys are ignored), so they need no Axon at
+    compile time. When Axon is loaded, `attention/4` builds the layer for you.
+
+    ## Swapping it into a Bumblebee-style attention
+
+    Bumblebee's `Bumblebee.Layers.Transformer` splits heads into
+    `{batch, seq, heads, head_dim}` and then materialises the weights:
+
+        attention_weights =
+          Layers.attention_weights(query, key, attention_bias, scale: scale)
+          |> Axon.dropout(rate: attention_dropout_rate)
+
+        attention_output = Layers.attention_output(attention_weights, value)
+
+    With exla_rs (no attention weights output, no dropout on the weights), the
+    same block is:
+
+        # key_mask: {batch, kv_seq}, 1 for real tokens (right padding)
+        kv_len = Axon.nx(key_mask, &ExlaRs.Axon.kv_len_from_mask/1)
+
+        attention_output =
+          ExlaRs.Axon.attention(query, key, value,
+            causal: causal,
+            scale: scale,
+            kv_len: kv_len,
+            name: join(name, "flash_attention")
+          )
+
+    `attention_output` is `{batch, seq, heads, head_dim}`, as from
+    `Layers.attention_output/2`; flatten the heads and apply the output
+    projection as before. Grouped-query models pass `key`/`value` with fewer
+    heads directly (no `repeat_interleave`). Under EXLA the forward and the
+    backward run as the fused kernels; elsewhere the Nx fallback computes the
+    same values.
+    """
+
+    @attention_keys [:scale, :causal, :window_size, :softcap, :platform]
+
+    if Code.ensure_loaded?(Axon) do
+      @doc """
+      An Axon layer computing `ExlaRs.attention/4` of the `query`, `key` and
+      `value` nodes (`{batch, seq, heads, head_dim}`).
+
+      Options: those of `ExlaRs.Attention.attention/4`, where `:kv_len` and
+      `:q_start` are Axon nodes (for instance from `kv_len_from_mask/1`), plus
+      `:name`.
+      """
+      def attention(%Axon{} = query, %Axon{} = key, %Axon{} = value, opts \\ []) do
+        {name, opts} = Keyword.pop(opts, :name)
+        {tensors, opts} = Keyword.split(opts, [:kv_len, :q_start])
+        tensors = Enum.reject(tensors, fn {_key, node} -> is_nil(node) end)
+
+        op =
+          case length(tensors) do
+            0 -> &__MODULE__.layer/4
+            1 -> &__MODULE__.layer/5
+            2 -> &__MODULE__.layer/6
+          end
+
+        Axon.layer(
+          op,
+          [query, key, value | Keyword.values(tensors)],
+          [name: name, op_name: :exla_rs_attention, tensor_keys: Keyword.keys(tensors)] ++
+            Keyword.take(opts, @attention_keys)
+        )
+      end
+    end
+
+    @doc "Axon layer function: `ExlaRs.attention(q, k, v, opts)`."
+    def layer(q, k, v, opts), do: apply_layer(q, k, v, [], opts)
+
+    @doc "Axon layer function with one of `:kv_len`/`:q_start` (named by `opts[:tensor_keys]`)."
+    def layer(q, k, v, t1, opts), do: apply_layer(q, k, v, [t1], opts)
+
+    @doc "Axon layer function with `:kv_len` and `:q_start` (order from `opts[:tensor_keys]`)."
+    def layer(q, k, v, t1, t2, opts), do: apply_layer(q, k, v, [t1, t2], opts)
+
+    defp apply_layer(q, k, v, tensors, opts) do
+      keys = Keyword.get(opts, :tensor_keys, Enum.take([:kv_len, :q_start], length(tensors)))
+      ExlaRs.Attention.attention(q, k, v, Keyword.take(opts, @attention_keys) ++ Enum.zip(keys, tensors))
+    end
+
+    @doc """
+    `kv_len` from a Bumblebee-style key mask `{batch, kv_seq}` (1 for a real
+    token): the number of real tokens per row. Exact only for right-padded
+    masks (the real tokens first), which is what `kv_len` can express.
+    """
+    def kv_len_from_mask(mask) do
+      mask |> Nx.not_equal(0) |> Nx.as_type({:s, 32}) |> Nx.sum(axes: [1]) |> Nx.as_type({:s, 32})
+    end
+  end
+end
