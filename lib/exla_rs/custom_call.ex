@@ -113,23 +113,27 @@ defmodule ExlaRs.CustomCall do
   defp dtype_code(_), do: :error
 
   @doc """
-  Registers our FFI targets with XLA once per VM (`ExlaRs.register/0`).
-  Returns `:ok` or `{:error, reason}`; a failure is logged once and retried on
-  the next call.
+  Makes sure the XLA runtimes of this VM hold our FFI targets
+  (`ExlaRs.register/0`, before each lowering). Returns `:ok` once any runtime
+  holds them, or `{:error, reason}`; a failure is logged once.
   """
   def ensure_registered do
-    if :persistent_term.get(@registered_key, false) do
-      :ok
-    else
-      case ExlaRs.register() do
-        {:ok, _report} ->
-          :persistent_term.put(@registered_key, true)
-          :ok
+    # register/0 runs on every lowering, not once per VM: it is idempotent and only does
+    # work for runtimes that do not hold our targets yet, so a PJRT plugin EXLA loads after
+    # our first lowering still gets them. A pass that fails after an earlier success (say,
+    # a runtime that refuses) keeps the targets the earlier runtimes already hold.
+    case ExlaRs.register() do
+      {:ok, _report} ->
+        :persistent_term.put(@registered_key, true)
+        :ok
 
-        {:error, reason} = error ->
+      {:error, reason} = error ->
+        if :persistent_term.get(@registered_key, false) do
+          :ok
+        else
           warn_once(reason)
           error
-      end
+        end
     end
   rescue
     e in [ErlangError, UndefinedFunctionError] ->

@@ -295,9 +295,11 @@ def flash_bwd(q, k, v, kv_len, q_start, o, lse, do, scale, softcap, wl, wr):
                 if q_lo < q_hi:
                     load_tile(sK, 0, BN, D, k[b, :, hk], n0, mask.kv_end)
                     load_tile(sV, 0, BN, D, v[b, :, hk], n0, mask.kv_end)
-                for hh in range(group if q_lo < q_hi else 0):
-                    h = hk * group + hh
-                    for m0 in range((q_lo // BM) * BM, q_hi, BM):
+                m_first = (q_lo // BM) * BM
+                m_tiles = (q_hi - m_first + BM - 1) // BM if q_lo < q_hi else 0
+                for t in range(group * m_tiles):
+                    h, m0 = hk * group + t // m_tiles, m_first + (t % m_tiles) * BM
+                    if True:
                         sQ = np.full(BM * D, np.nan, np.float32)
                         sdO = np.full(BM * D, np.nan, np.float32)
                         sdS = np.full(BN * BM, np.nan, np.float32)

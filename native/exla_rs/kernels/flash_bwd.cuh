@@ -76,25 +76,31 @@ __device__ __forceinline__ void flash_bwd(const BwdParams& p) {
   }
   const int key_a = n0 + ks * 16 + g;  // this thread's two keys: key_a, key_a + 8
 
-  for (int hh = 0; hh < group && q_lo < q_hi; ++hh) {
-    const int h = hk * group + hh;
+  // Steps: (query head of the group, query tile) pairs, flattened so that the loads of step t + 1
+  // can be issued while step t computes dQ (which reads only dS^T and K).
+  const int m_first = (q_lo / BM) * BM;
+  const int m_tiles = q_lo < q_hi ? (q_hi - m_first + BM - 1) / BM : 0;
+  const int steps = group * m_tiles;
+  auto issue_loads = [&](int t) {  // Q, dO tiles (async) and lse, delta of step t
+    const int h = hk * group + t / m_tiles, m0 = m_first + (t % m_tiles) * BM;
     const long long q_off = ((long long)b * p.seq_q * p.heads + h) * D;
-    const unsigned short* gQ = static_cast<const unsigned short*>(p.q) + q_off;
-    const unsigned short* gdO = static_cast<const unsigned short*>(p.d_o) + q_off;
+    load_tile_async<BM, D, NT>(sQ, static_cast<const unsigned short*>(p.q) + q_off, m0, p.seq_q, q_stride, tid);
+    load_tile_async<BM, D, NT>(sdO, static_cast<const unsigned short*>(p.d_o) + q_off, m0, p.seq_q, q_stride, tid);
+    cp_async_commit();
     const float* gLse = p.lse + ((long long)b * p.heads + h) * p.seq_q;
     const float* gDelta = p.delta + ((long long)b * p.heads + h) * p.seq_q;
-    float* gdQ = p.dq_accum + q_off;
+    for (int r = tid; r < BM; r += NT) {
+      const int row = m0 + r;
+      sLse[r] = row < p.seq_q ? gLse[row] * kLog2e : neg_inf();  // -inf stays -inf
+      sDelta[r] = row < p.seq_q ? gDelta[row] : 0.f;
+    }
+  };
+  if (steps > 0) issue_loads(0);
 
-    for (int m0 = (q_lo / BM) * BM; m0 < q_hi; m0 += BM) {
-      load_tile_async<BM, D, NT>(sQ, gQ, m0, p.seq_q, q_stride, tid);
-      load_tile_async<BM, D, NT>(sdO, gdO, m0, p.seq_q, q_stride, tid);
-      cp_async_commit();
-      for (int r = tid; r < BM; r += NT) {
-        int row = m0 + r;
-        float l = row < p.seq_q ? gLse[row] : neg_inf();
-        sLse[r] = l * kLog2e;  // -inf stays -inf
-        sDelta[r] = row < p.seq_q ? gDelta[row] : 0.f;
-      }
+  for (int t = 0; t < steps; ++t) {
+    {
+      const int h = hk * group + t / m_tiles, m0 = m_first + (t % m_tiles) * BM;
+      float* gdQ = p.dq_accum + ((long long)b * p.seq_q * p.heads + h) * D;
       cp_async_wait<0>();
       __syncthreads();
 
@@ -175,7 +181,8 @@ __device__ __forceinline__ void flash_bwd(const BwdParams& p) {
           *reinterpret_cast<unsigned*>(sdS + SwS::off(ks * 16 + g + 8, col)) = T::pack2(dpt[j][2], dpt[j][3]);
         }
       }
-      __syncthreads();
+      __syncthreads();  // from here on nobody reads sQ, sdO, sLse, sDelta of this step
+      if (t + 1 < steps) issue_loads(t + 1);
 
       // Work items: (16-query row tile, 32-column chunk of D), spread over the warps.
       constexpr int kRowTiles = BM / 16, kItems = kRowTiles * (D / 32);
@@ -210,7 +217,7 @@ __device__ __forceinline__ void flash_bwd(const BwdParams& p) {
           }
         }
       }
-      __syncthreads();  // sQ, sdO, sdS, sLse are refilled by the next step
+      __syncthreads();  // sdS is rewritten by the next step
     }
   }
 

@@ -14,7 +14,7 @@ use super::{round_up, FwdInputs, FwdOutputs, HostElement, SyncPtr};
 use crate::{AttnOptions, AttnShape, KeyRange};
 
 /// Query rows per task.
-pub(crate) const BR: usize = 64;
+pub(crate) const BR: usize = 96;
 /// Keys per tile (a multiple of `PAD`).
 pub(crate) const BC: usize = 64;
 

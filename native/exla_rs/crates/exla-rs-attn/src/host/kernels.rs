@@ -40,7 +40,6 @@ pub(crate) struct Gemm {
 /// Callers guarantee every pointer/extent they pass is in bounds, and only use an
 /// implementation whose CPU features were detected ([`super::dispatch`]).
 pub(crate) trait Isa: Send + Sync + 'static {
-    const NAME: &'static str;
     unsafe fn gemm(g: Gemm);
     /// One row of a forward tile. `s[0..n]` holds `x = scale·q·k`; columns `[a, b)` (non-empty)
     /// are visible. Replaces `s` with `p = 2^(s2 - m_new)` (0 outside `[a, b)`), where
@@ -219,7 +218,6 @@ macro_rules! isa_kernels {
             }
 
             impl Isa for Kernels {
-                const NAME: &'static str = stringify!($modname);
                 unsafe fn gemm(g: Gemm) {
                     gemm(g)
                 }
