@@ -33,10 +33,14 @@ fi
 if has nvrtc; then
   # The run-time compile path: a library built without nvcc compiles the kernels with NVRTC at
   # first use (the pip nvidia-cuda-nvrtc in the image provides libnvrtc).
-  nvrtc=$($PY -c 'import nvidia.cu13, os; print(os.path.join(list(nvidia.cu13.__path__)[0], "lib/libnvrtc.so.13"))' 2>/dev/null \
-    || $PY -c 'import nvidia.cuda_nvrtc, os; d=list(nvidia.cuda_nvrtc.__path__)[0]; print(os.path.join(d, "lib/libnvrtc.so.13"))')
+  nvrtc=""
+  for c in ${CUDA_HOME:-/usr/local/cuda}/lib64/libnvrtc.so.13 /usr/local/cuda/lib64/libnvrtc.so.13 \
+      $($PY -c 'import glob, site; print(" ".join(glob.glob(site.getsitepackages()[0] + "/nvidia/*/lib/libnvrtc.so.1*")))' 2>/dev/null); do
+    [[ -f $c ]] && { nvrtc=$c; break; }
+  done
+  echo "NVRTC: ${nvrtc:-none found}" | tee "$OUT/nvrtc.log"
   EXLA_RS_NVRTC=$nvrtc EXLA_RS_XLA_LIB=$PWD/.gpu/libexla_rs_xla_nvrtc.so timeout 300 $PY -m pytest -q -x -p no:cacheprovider \
-    test/gpu/test_cuda_xla.py -k "ragged and (bf16 or f32)" 2>&1 | tee "$OUT/nvrtc.log" || status=1
+    test/gpu/test_cuda_xla.py -k "ragged and (bf16 or f32)" 2>&1 | tee -a "$OUT/nvrtc.log" || status=1
 fi
 
 if has sanitize; then

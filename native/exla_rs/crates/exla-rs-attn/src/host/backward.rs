@@ -60,12 +60,13 @@ pub(super) fn run<T: HostElement, K: Isa>(shape: &AttnShape, opts: &AttnOptions,
             let (b, hq) = (bhq / h, bhq % h);
             for i in 0..sq {
                 let src = ((b * sq + i) * h + hq) * d;
+                for (o, x) in qs[i * dp..i * dp + d].iter_mut().zip(&inp.q[src..src + d]) {
+                    *o = opts.scale * x.to_f32();
+                }
                 let mut acc = 0f32;
-                for dd in 0..d {
-                    let dov = inp.d_o[src + dd].to_f32();
-                    qs[i * dp + dd] = opts.scale * inp.q[src + dd].to_f32();
-                    dop[i * dp + dd] = dov;
-                    acc += dov * inp.o[src + dd].to_f32();
+                for ((o, x), y) in dop[i * dp..i * dp + d].iter_mut().zip(&inp.d_o[src..src + d]).zip(&inp.o[src..src + d]) {
+                    *o = x.to_f32();
+                    acc += *o * y.to_f32();
                 }
                 di[i] = acc;
                 lse2[i] = inp.lse[bhq * sq + i] * LOG2_E;
@@ -104,11 +105,13 @@ pub(super) fn run<T: HostElement, K: Isa>(shape: &AttnShape, opts: &AttnOptions,
             scr.ks.fill(0.0);
             for c in 0..cols {
                 let src = ((b * sk + j0 + c) * hkv + kvh) * d;
-                for dd in 0..d {
-                    let kv = inp.k[src + dd].to_f32();
-                    scr.kt[dd * BC + c] = kv;
-                    scr.vt[dd * BC + c] = inp.v[src + dd].to_f32();
-                    scr.ks[c * dp + dd] = opts.scale * kv;
+                let (kt, vt) = (&mut scr.kt[c..], &mut scr.vt[c..]);
+                let ks = &mut scr.ks[c * dp..c * dp + d];
+                for (dd, ((x, y), o)) in inp.k[src..src + d].iter().zip(&inp.v[src..src + d]).zip(ks).enumerate() {
+                    let kv = x.to_f32();
+                    kt[dd * BC] = kv;
+                    vt[dd * BC] = y.to_f32();
+                    *o = opts.scale * kv;
                 }
             }
             scr.dk.fill(0.0);
@@ -175,9 +178,13 @@ pub(super) fn run<T: HostElement, K: Isa>(shape: &AttnShape, opts: &AttnOptions,
             unsafe {
                 for c in 0..cols {
                     let dst = ((b * sk + j0 + c) * hkv + kvh) * d;
-                    for dd in 0..d {
-                        *dk_ptr.get().add(dst + dd) = T::from_f32(scr.dk[c * dp + dd]);
-                        *dv_ptr.get().add(dst + dd) = T::from_f32(scr.dv[c * dp + dd]);
+                    let dk = std::slice::from_raw_parts_mut(dk_ptr.get().add(dst), d);
+                    let dv = std::slice::from_raw_parts_mut(dv_ptr.get().add(dst), d);
+                    for (o, x) in dk.iter_mut().zip(&scr.dk[c * dp..c * dp + d]) {
+                        *o = T::from_f32(*x);
+                    }
+                    for (o, x) in dv.iter_mut().zip(&scr.dv[c * dp..c * dp + d]) {
+                        *o = T::from_f32(*x);
                     }
                 }
             }
@@ -193,9 +200,9 @@ pub(super) fn run<T: HostElement, K: Isa>(shape: &AttnShape, opts: &AttnOptions,
         // SAFETY: block (b, hq, qb) alone writes dq[b, qb·BR.., hq, :].
         unsafe {
             for r in 0..rows {
-                let dst = ((b * sq + qb * BR + r) * h + hq) * d;
-                for dd in 0..d {
-                    *dq_ptr.get().add(dst + dd) = T::from_f32(acc[r * dp + dd]);
+                let dst = std::slice::from_raw_parts_mut(dq_ptr.get().add(((b * sq + qb * BR + r) * h + hq) * d), d);
+                for (o, x) in dst.iter_mut().zip(&acc[r * dp..r * dp + d]) {
+                    *o = T::from_f32(*x);
                 }
             }
         }

@@ -5,16 +5,16 @@
 //! - `kt[b, kvh, tile, d, c]` = `k[b, tile·BC + c, kvh, d]`: each tile is `K^T`, so `S = Q·K^T`
 //!   runs with K as the row-major B operand of the GEMM; keys past `Sk` are 0.
 //! - `vp[b, kvh, j, d]` = `v[b, j, kvh, d]`, rows padded to `dp` (a multiple of `PAD`).
-//! Query rows are packed per task, pre-multiplied by `scale`.
+//! Query rows are packed per task, pre-multiplied by `scale·log2(e)` (scores in exp2 units).
 
 use rayon::prelude::*;
 
-use super::kernels::{Gemm, Isa, PAD};
+use super::kernels::{Gemm, Isa, LOG2_E, PAD};
 use super::{round_up, FwdInputs, FwdOutputs, HostElement, SyncPtr};
 use crate::{AttnOptions, AttnShape, KeyRange};
 
 /// Query rows per task.
-pub(crate) const BR: usize = 96;
+pub(crate) const BR: usize = 64;
 /// Keys per tile (a multiple of `PAD`).
 pub(crate) const BC: usize = 64;
 
@@ -53,9 +53,12 @@ pub(super) fn run<T: HostElement, K: Isa>(shape: &AttnShape, opts: &AttnOptions,
             for j in 0..sk {
                 let src = ((b * sk + j) * hkv + kvh) * d;
                 let (tile, c) = (j / BC, j % BC);
-                for dd in 0..d {
-                    kt[(tile * d + dd) * BC + c] = inp.k[src + dd].to_f32();
-                    vp[j * dp + dd] = inp.v[src + dd].to_f32();
+                let kt = &mut kt[tile * d * BC + c..];
+                for (dd, x) in inp.k[src..src + d].iter().enumerate() {
+                    kt[dd * BC] = x.to_f32();
+                }
+                for (o, x) in vp[j * dp..j * dp + d].iter_mut().zip(&inp.v[src..src + d]) {
+                    *o = x.to_f32();
                 }
             }
         });
@@ -87,11 +90,13 @@ pub(super) fn run<T: HostElement, K: Isa>(shape: &AttnShape, opts: &AttnOptions,
             scr.m[..rows].fill(f32::NEG_INFINITY);
             scr.l[..rows].fill(0.0);
             if !block.is_empty() {
+                // log2(e) folded in: scores come out of the GEMM ready for exp2.
+                let qscale = opts.scale * LOG2_E;
                 for r in 0..rows {
                     let src = ((b * sq + i0 + r) * h + hq) * d;
-                    for dd in 0..d {
-                        // Padding columns d..dp are never written, so they stay 0.
-                        scr.qs[r * dp + dd] = opts.scale * inp.q[src + dd].to_f32();
+                    // Padding columns d..dp are never written, so they stay 0.
+                    for (o, x) in scr.qs[r * dp..r * dp + d].iter_mut().zip(&inp.q[src..src + d]) {
+                        *o = qscale * x.to_f32();
                     }
                 }
                 scr.o[..rows * dp].fill(0.0);
@@ -106,19 +111,17 @@ pub(super) fn run<T: HostElement, K: Isa>(shape: &AttnShape, opts: &AttnOptions,
             // lse[b, hq, i0..i0+rows]; all indices are < the checked lengths.
             unsafe {
                 for r in 0..rows {
-                    let dst = o_ptr.get().add(((b * sq + i0 + r) * h + hq) * d);
+                    let dst = std::slice::from_raw_parts_mut(o_ptr.get().add(((b * sq + i0 + r) * h + hq) * d), d);
                     let l = scr.l[r];
                     let lse = lse_ptr.get().add((b * h + hq) * sq + i0 + r);
                     if l > 0.0 {
                         let inv = 1.0 / l;
-                        for dd in 0..d {
-                            *dst.add(dd) = T::from_f32(scr.o[r * dp + dd] * inv);
+                        for (o, x) in dst.iter_mut().zip(&scr.o[r * dp..r * dp + d]) {
+                            *o = T::from_f32(x * inv);
                         }
                         *lse = (scr.m[r] + l.log2()) * std::f32::consts::LN_2;
                     } else {
-                        for dd in 0..d {
-                            *dst.add(dd) = T::from_f32(0.0);
-                        }
+                        dst.fill(T::from_f32(0.0));
                         *lse = f32::NEG_INFINITY;
                     }
                 }

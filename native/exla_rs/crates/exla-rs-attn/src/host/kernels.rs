@@ -41,8 +41,8 @@ pub(crate) struct Gemm {
 /// implementation whose CPU features were detected ([`super::dispatch`]).
 pub(crate) trait Isa: Send + Sync + 'static {
     unsafe fn gemm(g: Gemm);
-    /// One row of a forward tile. `s[0..n]` holds `x = scale·q·k`; columns `[a, b)` (non-empty)
-    /// are visible. Replaces `s` with `p = 2^(s2 - m_new)` (0 outside `[a, b)`), where
+    /// One row of a forward tile. `s[0..n]` holds `log2(e)·x`, `x = scale·q·k`; columns `[a, b)`
+    /// (non-empty) are visible. Replaces `s` with `p = 2^(s2 - m_new)` (0 outside `[a, b)`), where
     /// `s2 = log2(e)·softcap(x)` and `m_new = max(m_old, max visible s2)`. Returns `(m_new, Σp)`.
     unsafe fn fwd_row(s: *mut f32, n: usize, a: usize, b: usize, softcap: f32, m_old: f32) -> (f32, f32);
     /// One row of a backward tile. `s[0..n]` holds `x`, `dp[0..n]` holds `dO·v`; columns `[a, b)`
@@ -150,31 +150,33 @@ macro_rules! isa_kernels {
 
             $(#[$feat])?
             unsafe fn fwd_row(sp: *mut f32, n: usize, a: usize, b: usize, softcap: f32, m_old: f32) -> (f32, f32) {
-                // Pass 1: x -> s2 = log2(e)·softcap(x).
+                // The forward packs q with scale·log2(e), so `s` is already `s2` without softcap.
                 if softcap > 0.0 {
-                    let inv = s::splat(1.0 / softcap);
+                    // s2 = c·log2(e)·tanh(x / c) with x = s / log2(e).
+                    let inv = s::splat(1.0 / (softcap * LOG2_E));
                     let c2 = s::splat(softcap * LOG2_E);
                     for j in (0..n).step_by(L) {
                         let x = s::load(sp.add(j));
                         s::store(sp.add(j), s::mul(c2, tanh(s::mul(x, inv))));
-                    }
-                } else {
-                    let l2e = s::splat(LOG2_E);
-                    for j in (0..n).step_by(L) {
-                        s::store(sp.add(j), s::mul(s::load(sp.add(j)), l2e));
                     }
                 }
                 // Mask after the softcap (tanh(-inf) would be finite).
                 for j in (0..a).chain(b..n) {
                     *sp.add(j) = f32::NEG_INFINITY;
                 }
-                // Pass 2: row max.
-                let mut mv = s::splat(f32::NEG_INFINITY);
-                for j in (0..n).step_by(L) {
-                    mv = s::max(mv, s::load(sp.add(j)));
+                // Row max; two accumulators halve the dependency chain.
+                let (mut m0, mut m1) = (s::splat(f32::NEG_INFINITY), s::splat(f32::NEG_INFINITY));
+                let mut j = 0;
+                while j + 2 * L <= n {
+                    m0 = s::max(m0, s::load(sp.add(j)));
+                    m1 = s::max(m1, s::load(sp.add(j + L)));
+                    j += 2 * L;
                 }
-                let m_new = s::hmax(mv).max(m_old);
-                // Pass 3: p = 2^(s2 - m) (masked: 2^-inf -> exactly 0) and its sum.
+                if j < n {
+                    m0 = s::max(m0, s::load(sp.add(j)));
+                }
+                let m_new = s::hmax(s::max(m0, m1)).max(m_old);
+                // p = 2^(s2 - m) (masked: 2^-inf -> exactly 0) and its sum.
                 let mneg = s::splat(m_new);
                 let mut sum = s::zero();
                 for j in (0..n).step_by(L) {
