@@ -18,6 +18,9 @@ step "cargo test" cargo test --release --manifest-path "$CARGO_MANIFEST" --works
 for v in jax-0.9.0 jax-0.10.2; do
   step "pytest test/xla ($v)" "$EXLA_RS_VENVS/$v/bin/python" -m pytest -q -p no:cacheprovider test/xla
 done
+# The tensor-core kernels' fragment and address math, emulated lane by lane on the CPU against
+# float64 (the real kernels need a GPU; test/gpu runs them there).
+step "CUDA kernel emulation" "$EXLA_RS_VENVS/jax-0.10.2/bin/python" native/exla_rs/kernels/emulate.py
 step "mix test" env MIX_ENV=test mix test
 
 echo; echo "=== summary"

@@ -5,6 +5,7 @@
 //! - `kt[b, kvh, tile, d, c]` = `k[b, tile·BC + c, kvh, d]`: each tile is `K^T`, so `S = Q·K^T`
 //!   runs with K as the row-major B operand of the GEMM; keys past `Sk` are 0.
 //! - `vp[b, kvh, j, d]` = `v[b, j, kvh, d]`, rows padded to `dp` (a multiple of `PAD`).
+//!
 //! Query rows are packed per task, pre-multiplied by `scale·log2(e)` (scores in exp2 units).
 
 use rayon::prelude::*;

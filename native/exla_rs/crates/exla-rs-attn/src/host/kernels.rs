@@ -49,6 +49,7 @@ pub(crate) trait Isa: Send + Sync + 'static {
     /// (non-empty) are visible; `lse2 = log2(e)·lse` is finite; `di = Σ dO∘O` of the row. Writes
     /// `p = 2^(s2 - lse2)` and replaces `s` with `dX = p·(dp - di)·(softcap ? 1 - (s/c)² : 1)`,
     /// both 0 outside `[a, b)`.
+    #[allow(clippy::too_many_arguments)]
     unsafe fn bwd_row(s: *mut f32, dp: *const f32, p: *mut f32, n: usize, a: usize, b: usize, softcap: f32, lse2: f32, di: f32);
 }
 
@@ -116,6 +117,7 @@ macro_rules! isa_kernels {
             }
 
             $(#[$feat])?
+            #[allow(clippy::modulo_one)] // L = 1 in the scalar instance
             unsafe fn gemm(g: Gemm) {
                 debug_assert!(g.n % L == 0);
                 let nvec = g.n / L;
@@ -188,6 +190,7 @@ macro_rules! isa_kernels {
             }
 
             $(#[$feat])?
+            #[allow(clippy::too_many_arguments)]
             unsafe fn bwd_row(sp: *mut f32, dp: *const f32, pp: *mut f32, n: usize, a: usize, b: usize, softcap: f32, lse2: f32, di: f32) {
                 let l2 = s::splat(lse2);
                 let dv = s::splat(di);
@@ -226,6 +229,7 @@ macro_rules! isa_kernels {
                 unsafe fn fwd_row(s: *mut f32, n: usize, a: usize, b: usize, softcap: f32, m_old: f32) -> (f32, f32) {
                     fwd_row(s, n, a, b, softcap, m_old)
                 }
+                #[allow(clippy::too_many_arguments)]
                 unsafe fn bwd_row(s: *mut f32, dp: *const f32, p: *mut f32, n: usize, a: usize, b: usize, softcap: f32, lse2: f32, di: f32) {
                     bwd_row(s, dp, p, n, a, b, softcap, lse2, di)
                 }
