@@ -10,9 +10,11 @@ unsafe extern "C" fn handler_a(frame: *mut sys::XLA_FFI_CallFrame) -> *mut sys::
     xla_ffi::metadata::answer_probe(&*frame, ApiVersion::new(0, 1), 0);
     std::ptr::null_mut()
 }
+/// Must differ from `handler_a` in its body: release builds fold identical functions into one
+/// address, and XLA would then (rightly) see the same handler registered twice.
 unsafe extern "C" fn handler_b(frame: *mut sys::XLA_FFI_CallFrame) -> *mut sys::XLA_FFI_Error {
-    xla_ffi::metadata::answer_probe(&*frame, ApiVersion::new(0, 1), 0);
-    std::ptr::null_mut()
+    xla_ffi::metadata::answer_probe(&*frame, ApiVersion::new(0, 1), std::hint::black_box(0));
+    std::hint::black_box(std::ptr::null_mut())
 }
 unsafe extern "C" fn handler_0_0(frame: *mut sys::XLA_FFI_CallFrame) -> *mut sys::XLA_FFI_Error {
     xla_ffi::metadata::answer_probe(&*frame, ApiVersion::new(0, 0), 0);
@@ -62,6 +64,7 @@ fn registers_into_a_real_cpu_plugin_and_reads_xlas_answers() {
     let (_, regs) = unsafe { ffi_api::register_all(api, &same, |_, _| false) }.unwrap();
     assert_eq!(regs[0].result, Ok(()));
     // Another handler under our name: XLA refuses.
+    assert_ne!(handler_a as usize, handler_b as usize, "the two test handlers were folded into one");
     let other = HandlerSet { targets: vec![HandlerTarget { name: "exla_rs_test_fwd", platform: "Host", handler: handler_b }], ..handlers.clone() };
     let (_, regs) = unsafe { ffi_api::register_all(api, &other, |_, _| false) }.unwrap();
     let err = regs[0].result.clone().unwrap_err();

@@ -431,3 +431,40 @@ fn gemm_peak() {
     let s = t.elapsed().as_secs_f64();
     println!("avx512 fwd_row: {:.2} ns/element", s / (reps * 64 * 64) as f64 * 1e9);
 }
+
+/// Max relative error (in f32 ulps at 1.0, i.e. units of 2^-23) of the row kernel's `exp2` over
+/// `[-125, 0]`, plus the masked case: a `-inf` score must give exactly 0.
+fn exp2_ulps<K: super::kernels::Isa>() -> f64 {
+    let mut worst = 0f64;
+    for chunk in 0..200 {
+        // s[0] = 0 is the row max, so p[j] = 2^s[j].
+        let mut row: Vec<f32> = (0..64).map(|j| if j == 0 { 0.0 } else { -125.0 * ((chunk * 63 + j) as f32 / (200.0 * 63.0)) }).collect();
+        let src = row.clone();
+        let (m, _) = unsafe { K::fwd_row(row.as_mut_ptr(), 64, 0, 64, 0.0, f32::NEG_INFINITY) };
+        assert_eq!(m, 0.0);
+        for (p, x) in row.iter().zip(&src) {
+            let want = (*x as f64).exp2();
+            worst = worst.max(((*p as f64 - want) / want).abs() / f32::EPSILON as f64);
+        }
+    }
+    let mut row = vec![1.0f32; 16];
+    let (_, sum) = unsafe { K::fwd_row(row.as_mut_ptr(), 16, 0, 1, 0.0, f32::NEG_INFINITY) };
+    assert_eq!(sum, 1.0, "masked columns must contribute exactly 0");
+    assert!(row[1..].iter().all(|&p| p == 0.0));
+    worst
+}
+
+#[test]
+fn exp2_is_accurate_on_every_isa() {
+    for which in available() {
+        let ulps = match which {
+            #[cfg(target_arch = "x86_64")]
+            Which::Avx512 => exp2_ulps::<super::kernels::avx512::Kernels>(),
+            #[cfg(target_arch = "x86_64")]
+            Which::Avx2 => exp2_ulps::<super::kernels::avx2::Kernels>(),
+            Which::Scalar => exp2_ulps::<super::kernels::scalar::Kernels>(),
+        };
+        println!("{which:?}: exp2 max error {ulps:.2} ulp");
+        assert!(ulps < 3.0, "{which:?}: exp2 error {ulps} ulp");
+    }
+}
