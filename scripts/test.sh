@@ -14,7 +14,7 @@ step() { # step NAME CMD...: runs one suite, records its outcome, keeps going.
 }
 
 step "cargo build (release)" cargo build --release --manifest-path "$CARGO_MANIFEST" --workspace
-step "cargo test" cargo test --release --manifest-path "$CARGO_MANIFEST" --workspace --exclude exla-rs-nif
+step "cargo test" cargo test --release --no-fail-fast --manifest-path "$CARGO_MANIFEST" --workspace --exclude exla-rs-nif
 for v in jax-0.9.0 jax-0.10.2; do
   step "pytest test/xla ($v)" "$EXLA_RS_VENVS/$v/bin/python" -m pytest -q -p no:cacheprovider test/xla
 done
