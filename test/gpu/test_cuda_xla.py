@@ -25,7 +25,6 @@ cuda_only = pytest.mark.skipif(PLATFORM != "cuda", reason="CUDA-specific")
 
 import exla_rs_jax as ex
 from cases import CASES as HOST_CASES, DTYPES, TOL, Case, make, rel_err, seed
-from reference import reference_bwd
 
 CUDA_DIMS = (32, 64, 96, 128, 192, 256)
 
@@ -105,7 +104,7 @@ def test_backward_matches_float64_reference(case, dt):
     q, k, v, kv, qs, do = on_gpu(x.q, x.k, x.v, x.kv_len, x.q_start, x.do)
     dq, dk, dv = ex.flash_attn_bwd(q, k, v, kv, qs, o, lse, do, platform=PLATFORM, **x.kw)
     # The reference takes the kernel's own o (as the contract's backward does) in float64.
-    refs = reference_bwd(x.q, x.k, x.v, x.kv_len, x.q_start, x.do, **x.kw)
+    refs = ex.reference_bwd(x.q, x.k, x.v, x.kv_len, x.q_start, x.do, **x.kw)
     ctx = f"seed={x.seed}"
     for name, got, ref, like in (("dq", dq, refs[0], x.q), ("dk", dk, refs[1], x.k), ("dv", dv, refs[2], x.v)):
         got = np.asarray(got)
@@ -136,7 +135,7 @@ def test_jit_grad_runs_both_targets_on_the_gpu(dt):
     text = f.lower(*args).as_text()
     assert "exla_rs_flash_attn_fwd" in text and "exla_rs_flash_attn_bwd" in text
     grads = f(*args)
-    refs = reference_bwd(x.q, x.k, x.v, x.kv_len, x.q_start, x.do, **x.kw)
+    refs = ex.reference_bwd(x.q, x.k, x.v, x.kv_len, x.q_start, x.do, **x.kw)
     for g, r in zip(grads, refs):
         assert rel_err(np.asarray(g), r) <= TOL[dt], f"seed={x.seed}"
 

@@ -136,8 +136,9 @@ def visible_mask(b, sq, sk, kv_len, q_start, window_left, window_right) -> np.nd
     return np.broadcast_to(m, (b, sq, sk))
 
 
-def reference_fwd(q, k, v, kv_len, q_start, *, scale, softcap=0.0, window_left=-1, window_right=-1):
-    """float64 numpy (o [B,Sq,H,D], lse [B,H,Sq]) of the contract."""
+def _reference_probs(q, k, v, kv_len, q_start, *, scale, softcap, window_left, window_right):
+    """float64 pieces shared by the references: softmax p [B,H,Sq,Sk], pre-softcap-derivative
+    scores s, GQA-expanded k/v, and lse [B,H,Sq]; masked entries of p are exactly 0."""
     q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
     b, sq, h, d = q.shape
     sk, hkv = k.shape[1], k.shape[2]
@@ -147,16 +148,42 @@ def reference_fwd(q, k, v, kv_len, q_start, *, scale, softcap=0.0, window_left=-
     x = scale * np.einsum("bihd,bjhd->bhij", q, kk)
     s = softcap * np.tanh(x / softcap) if softcap > 0 else x
     m = visible_mask(b, sq, sk, kv_len, q_start, window_left, window_right)[:, None]
-    s = np.where(m, s, -np.inf)
-    mx = np.max(s, axis=-1, keepdims=True)
+    s_m = np.where(m, s, -np.inf)
+    mx = np.max(s_m, axis=-1, keepdims=True)
     mx = np.where(np.isfinite(mx), mx, 0.0)
-    p = np.where(m, np.exp(s - mx), 0.0)
+    p = np.where(m, np.exp(s_m - mx), 0.0)
     l = p.sum(-1, keepdims=True)
     with np.errstate(divide="ignore", invalid="ignore"):
         lse = np.where(l > 0, np.log(l) + mx, -np.inf)[..., 0]
         p = np.where(l > 0, p / l, 0.0)
+    return p, s, kk, vv, lse
+
+
+def reference_fwd(q, k, v, kv_len, q_start, *, scale, softcap=0.0, window_left=-1, window_right=-1):
+    """float64 numpy (o [B,Sq,H,D], lse [B,H,Sq]) of the contract."""
+    p, _, _, vv, lse = _reference_probs(q, k, v, kv_len, q_start, scale=scale, softcap=softcap, window_left=window_left, window_right=window_right)
+    return np.einsum("bhij,bjhd->bihd", p, vv), lse
+
+
+def reference_bwd(q, k, v, kv_len, q_start, do, *, scale, softcap=0.0, window_left=-1, window_right=-1):
+    """float64 (dq, dk, dv) of sum(o * do), o the contract's forward; closed form, no jax, so it
+    runs on the host next to a GPU process without touching the device."""
+    p, s, kk, vv, _ = _reference_probs(q, k, v, kv_len, q_start, scale=scale, softcap=softcap, window_left=window_left, window_right=window_right)
+    q, do = np.asarray(q, np.float64), np.asarray(do, np.float64)
+    b, sq, h, d = q.shape
+    sk, hkv = kk.shape[1], k.shape[2]
+    g = h // hkv
     o = np.einsum("bhij,bjhd->bihd", p, vv)
-    return o, lse
+    dv_h = np.einsum("bhij,bihd->bjhd", p, do)
+    dp = np.einsum("bihd,bjhd->bhij", do, vv)
+    delta = np.einsum("bihd,bihd->bhi", do, o)[..., None]
+    ds = p * (dp - delta)
+    if softcap > 0:
+        ds = ds * (1.0 - (s / softcap) ** 2)
+    dq = scale * np.einsum("bhij,bjhd->bihd", ds, kk)
+    dk_h = scale * np.einsum("bhij,bihd->bjhd", ds, q)
+    fold = lambda t: t.reshape(b, sk, hkv, g, d).sum(axis=3)  # GQA: sum the group's query heads
+    return dq, fold(dk_h), fold(dv_h)
 
 
 def reference_jax(q, k, v, kv_len, q_start, *, scale, softcap=0.0, window_left=-1, window_right=-1):
