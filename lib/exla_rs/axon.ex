@@ -41,7 +41,7 @@ if Code.ensure_loaded?(Nx) do
     same values.
     """
 
-    @attention_keys [:scale, :causal, :window_size, :softcap, :platform]
+    @attention_keys [:scale, :causal, :window_size, :softcap]
 
     if Code.ensure_loaded?(Axon) do
       @doc """
@@ -53,6 +53,7 @@ if Code.ensure_loaded?(Nx) do
       `:name`.
       """
       def attention(%Axon{} = query, %Axon{} = key, %Axon{} = value, opts \\ []) do
+        opts = check_options!(opts)
         {name, opts} = Keyword.pop(opts, :name)
         {tensors, opts} = Keyword.split(opts, [:kv_len, :q_start])
         tensors = Enum.reject(tensors, fn {_key, node} -> is_nil(node) end)
@@ -70,6 +71,45 @@ if Code.ensure_loaded?(Nx) do
           [name: name, op_name: :exla_rs_attention, tensor_keys: Keyword.keys(tensors)] ++
             Keyword.take(opts, @attention_keys)
         )
+      end
+    end
+
+    # The layer functions ignore unknown keys (Axon adds its own, like :mode),
+    # so a misspelt option must be caught here, when the model is built.
+    if Code.ensure_loaded?(Axon) do
+      defp check_options!(opts) do
+        unless Keyword.keyword?(opts) do
+          raise ArgumentError, "ExlaRs.Axon.attention/4: expected opts to be a keyword list, got: #{inspect(opts)}"
+        end
+
+        allowed = @attention_keys ++ [:kv_len, :q_start, :name]
+
+        case Keyword.keys(opts) -- allowed do
+          [] ->
+            :ok
+
+          unknown ->
+            raise ArgumentError,
+                  "ExlaRs.Axon.attention/4: unknown options #{inspect(Enum.uniq(unknown))}, " <>
+                    "expected one of #{inspect(allowed)}"
+        end
+
+        for key <- [:kv_len, :q_start] do
+          case opts[key] do
+            nil ->
+              :ok
+
+            %Axon{} ->
+              :ok
+
+            other ->
+              raise ArgumentError,
+                    "ExlaRs.Axon.attention/4: #{inspect(key)} must be an Axon node " <>
+                      "(for instance Axon.nx(mask, &ExlaRs.Axon.kv_len_from_mask/1)), got: #{inspect(other)}"
+          end
+        end
+
+        opts
       end
     end
 

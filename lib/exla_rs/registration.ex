@@ -10,7 +10,7 @@ defmodule ExlaRs.Registration do
   sent there again.
 
   Emits `[:exla_rs, :register]` telemetry (measurements: counts; metadata: runtimes) when the
-  `:telemetry` application is available.
+  `:telemetry` application is running.
   """
 
   alias ExlaRs.{NIF, RegistrationError}
@@ -145,8 +145,11 @@ defmodule ExlaRs.Registration do
     )
   end
 
+  # Only when :telemetry is running: on the code path but not started (a user who
+  # has it as a transitive dependency of something not started yet), execute/3 would
+  # log a warning on every registration pass.
   defp emit(runtimes) do
-    if Code.ensure_loaded?(:telemetry) do
+    if List.keymember?(Application.started_applications(), :telemetry, 0) do
       regs = Enum.flat_map(runtimes, & &1.registrations)
       ok = Enum.count(regs, &(&1.result == :ok))
 

@@ -49,6 +49,37 @@ defmodule ExlaRs.RegisterTest do
     assert error =~ "is not loaded in this process"
   end
 
+  def forward_event(event, measurements, metadata, pid), do: send(pid, {:event, event, measurements, metadata})
+
+  # Needs :telemetry on the code path (it comes with Nx; DEVELOPERS.md); excluded without it.
+  @tag :telemetry
+  test "each registration pass emits [:exla_rs, :register] while :telemetry runs" do
+    {:ok, _} = Application.ensure_all_started(:telemetry)
+    parent = self()
+    id = {__MODULE__, make_ref()}
+
+    :ok =
+      apply(:telemetry, :attach, [
+        id,
+        [:exla_rs, :register],
+        &__MODULE__.forward_event/4,
+        parent
+      ])
+
+    try do
+      result = ExlaRs.register(paths: ["/nonexistent/xla_extension/lib/libxla_extension.so"])
+      assert_receive {:event, [:exla_rs, :register], measurements, %{runtimes: runtimes}}
+
+      assert %{runtimes: n, registered: ok, failed: failed} = measurements
+      assert n == length(runtimes) and n >= 1
+      assert Enum.any?(runtimes, &(&1.path =~ "nonexistent" and &1.state == :failed))
+      assert is_integer(ok) and is_integer(failed)
+      assert match?({:error, _}, result) or match?({:ok, _}, result)
+    after
+      apply(:telemetry, :detach, [id])
+    end
+  end
+
   test "a plugin that cannot be loaded is an error, not a crash" do
     assert {:error, %ExlaRs.RegistrationError{reason: :plugin, message: m}} =
              ExlaRs.register(plugin: "/nonexistent/pjrt_plugin.so")
