@@ -53,8 +53,10 @@ if Code.ensure_loaded?(Nx) do
     backward block, `ExlaRs.Attention.Backward`, fed with the forward's own `o`
     and `lse` (the fused backward kernel under EXLA, the Nx fallback elsewhere).
     Nothing is recomputed through the forward's default function. The gradient
-    through `lse` of `attention_with_lse/4` (rarely needed) is computed by the Nx
-    fallback in O(Sq·Sk) memory.
+    through `lse` of `attention_with_lse/4` is a second backward block on operands
+    widened by a few head-dim columns (see `lse_grad_head_dim/1`), so it also runs
+    in the fused kernel, in linear memory; past head dim 255 there is no kernel for
+    the widened operands and that block runs its Nx default.
 
     ## Errors
 
@@ -214,8 +216,7 @@ if Code.ensure_loaded?(Nx) do
         grad_lse =
           if with_lse? do
             Nx.Defn.Kernel.custom_grad(lse, [q, k, v], fn g ->
-              dlse = Nx.broadcast(g, Nx.shape(lse))
-              bwd |> Fallback.grads(q, k, v, kv_len, q_start, o, lse, nil, dlse) |> Tuple.to_list()
+              lse_grads(bwd, [q, k, v, kv_len, q_start], lse, Nx.broadcast(g, Nx.shape(lse)))
             end)
           else
             lse
@@ -225,6 +226,52 @@ if Code.ensure_loaded?(Nx) do
       else
         {o, lse}
       end
+    end
+
+    # The head dims the CUDA kernels are built for.
+    @kernel_head_dims [32, 64, 96, 128, 192, 256]
+
+    @doc """
+    The head dim of the backward block that differentiates `lse`: `d + 1` rounded
+    up to a head dim the CUDA kernels have (32, 64, 96, 128, 192, 256), or `d + 1`
+    past 256.
+    """
+    def lse_grad_head_dim(d), do: Enum.find(@kernel_head_dims, d + 1, &(&1 > d))
+
+    # The gradient of sum(lse * dlse) as the backward block on widened operands:
+    # q and k padded with zero columns (the logits do not change), v given a column
+    # of ones at index d, o = 0, and do = dlse in that column only. The backward
+    # computes ds = p * (do . v_j - rowsum(do * o)), here p * dlse: exactly the
+    # lse part of the gradient. dq and dk are the first d columns; dv gets nothing.
+    defp lse_grads(bwd, [q, k, v, kv_len, q_start], lse, dlse) do
+      {b, sq, h, d} = Nx.shape(q)
+      {_, sk, hkv, _} = Nx.shape(k)
+      type = Nx.type(q)
+      wide = lse_grad_head_dim(d)
+      # Zero columns: `before` ahead of t's head dim, the rest after, up to `wide`.
+      widen = fn t, before ->
+        after_ = wide - before - elem(Nx.shape(t), 3)
+        Nx.pad(t, Nx.tensor(0, type: type), [{0, 0, 0}, {0, 0, 0}, {0, 0, 0}, {before, after_, 0}])
+      end
+
+      ones = Nx.broadcast(Nx.tensor(1, type: type), {b, sk, hkv, 1})
+      dlse_col = dlse |> Nx.transpose(axes: [0, 2, 1]) |> Nx.reshape({b, sq, h, 1}) |> Nx.as_type(type)
+
+      q_wide = widen.(q, 0)
+      k_wide = widen.(k, 0)
+      v_wide = widen.(Nx.concatenate([v, ones], axis: 3), 0)
+      o_wide = Nx.broadcast(Nx.tensor(0, type: type), {b, sq, h, wide})
+      do_wide = widen.(dlse_col, d)
+
+      tag = %{bwd | workspace: ExlaRs.CustomCall.workspace_bytes(:backward, type, [b, sq, sk, h, hkv, wide])}
+      args = [q_wide, k_wide, v_wide, kv_len, q_start, o_wide, lse, do_wide]
+      out = Nx.block(tag, args, backward_template(tag, q_wide, k_wide, v_wide), &Fallback.backward/9)
+
+      [
+        out |> elem(0) |> Nx.slice_along_axis(0, d, axis: 3),
+        out |> elem(1) |> Nx.slice_along_axis(0, d, axis: 3),
+        Nx.broadcast(Nx.tensor(0, type: Nx.type(v)), Nx.shape(v))
+      ]
     end
 
     @doc false

@@ -120,6 +120,28 @@ def test_backward_matches_float64_reference(case, dt):
         assert np.all(np.asarray(dv)[bi, max(n, 0):].astype(np.float32) == 0), ctx
 
 
+LSE_PARAMS = [pytest.param(c, dt, id=f"{c.name}-{dt}") for c in CUDA_CASES if c.d < 256 for dt in DTYPES]
+
+
+@pytest.mark.parametrize("case,dt", LSE_PARAMS)
+def test_lse_gradient_through_augmented_backward(case, dt):
+    """The lse part of the gradient (ExlaRs.attention_with_lse): our backward on operands padded
+    to the next kernel head dim, v with a column of ones and do carrying dlse there."""
+    x = make(case, DTYPES[dt], seed())
+    o, lse = run_fwd(x)
+    dlse = np.random.default_rng(x.seed + 1).standard_normal(lse.shape).astype(np.float32)
+    q, k, v, kv, qs, dl = on_gpu(x.q, x.k, x.v, x.kv_len, x.q_start, dlse)
+    dq, dk, dv = ex.flash_attn_bwd_lse(q, k, v, kv, qs, lse, dl, platform=PLATFORM, **x.kw)
+    refs = ex.reference_bwd(x.q, x.k, x.v, x.kv_len, x.q_start, np.zeros(x.q.shape), dlse=dlse.astype(x.q.dtype), **x.kw)
+    ctx = f"seed={x.seed}"
+    for name, got, ref in (("dq", dq, refs[0]), ("dk", dk, refs[1])):
+        got = np.asarray(got)
+        assert np.isfinite(got.astype(np.float32)).all(), f"{name}: non-finite values ({ctx})"
+        err = rel_err(got, ref)
+        assert err <= TOL[dt], f"{name} rel err {err:.2e} > {TOL[dt]} ({ctx})"
+    assert not np.asarray(dv).astype(np.float32).any(), ctx
+
+
 @pytest.mark.parametrize("dt", list(DTYPES))
 def test_jit_grad_runs_both_targets_on_the_gpu(dt):
     case = Case("everything_d64", 2, 150, 170, 6, 2, 64, causal=True, window_size=(40, 3), softcap=12.0, kv_len="random", q_start="random")

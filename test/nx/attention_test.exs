@@ -107,9 +107,16 @@ if Code.ensure_loaded?(Nx) do
       end
 
       test "f16 and bf16 gradients are close to the reference on the rounded inputs" do
-        for seed <- 0..9, type <- [{:f, 16}, {:bf, 16}] do
+        for seed <- 0..9, type <- [{:f, 16}, {:bf, 16}], with_lse? <- [false, true] do
           {q, k, v, opts} = Ref.random_case(3000 + seed, [type])
-          check_grads(seed, q, k, v, opts, false)
+          check_grads(seed, q, k, v, opts, with_lse?)
+        end
+      end
+
+      test "the gradient through lse alone" do
+        for seed <- 0..19 do
+          {q, k, v, opts} = Ref.random_case(4000 + seed)
+          check_grads(seed, q, k, v, opts, :lse_only)
         end
       end
 
@@ -123,11 +130,13 @@ if Code.ensure_loaded?(Nx) do
       c = Ref.config(q, k, opts)
       mask = Ref.mask(q, k, opts)
 
+      # with_lse?: false (loss on o), true (on o and lse), :lse_only.
       loss = fn {q, k, v}, w, w2 ->
         if with_lse? do
           {o, lse} = ExlaRs.attention_with_lse(q, k, v, opts)
           lse = Nx.select(Nx.is_infinity(lse), 0, lse)
-          Nx.add(Nx.sum(Nx.multiply(o, w)), Nx.sum(Nx.multiply(lse, w2)))
+          lse_part = Nx.sum(Nx.multiply(lse, w2))
+          if with_lse? == :lse_only, do: lse_part, else: Nx.add(Nx.sum(Nx.multiply(o, w)), lse_part)
         else
           Nx.sum(Nx.multiply(ExlaRs.attention(q, k, v, opts), w))
         end
@@ -136,7 +145,13 @@ if Code.ensure_loaded?(Nx) do
       ref_loss = fn {q, k, v}, w, w2, mask ->
         {o, lse} = Ref.naive(q, k, v, mask, c)
         o_part = Nx.sum(Nx.multiply(o, w))
-        if with_lse?, do: Nx.add(o_part, Nx.sum(Nx.multiply(lse, w2))), else: o_part
+        lse_part = Nx.sum(Nx.multiply(lse, w2))
+
+        case with_lse? do
+          false -> o_part
+          true -> Nx.add(o_part, lse_part)
+          :lse_only -> lse_part
+        end
       end
 
       # kv_len/q_start tensors inside opts are captured, so grad eagerly
@@ -229,6 +244,43 @@ if Code.ensure_loaded?(Nx) do
 
         assert Enum.map(Tuple.to_list(bwd_out), &{&1.type, &1.shape}) ==
                  [{{:f, 32}, {2, 8, 4, 16}}, {{:f, 32}, {2, 10, 2, 16}}, {{:f, 32}, {2, 10, 2, 16}}]
+      end
+
+      test "the gradient through lse is a second backward block on widened operands, also fed by the forward",
+           %{q: q, k: k, v: v} do
+        expr =
+          Nx.Defn.debug_expr(fn q, k, v ->
+            Nx.Defn.grad({q, k, v}, fn {q, k, v} ->
+              {o, lse} = ExlaRs.attention_with_lse(q, k, v, causal: true)
+              Nx.add(Nx.sum(o), Nx.sum(Nx.multiply(lse, lse)))
+            end)
+          end).(q, k, v)
+
+        walked = Ref.walk(expr)
+        assert [{%Forward{}, _, fwd_out}] = for({%Forward{}, _, _} = blk <- walked.blocks, do: blk)
+        backwards = for {%Backward{} = tag, args, out} <- walked.blocks, do: {tag, args, out}
+        assert length(backwards) == 2
+
+        # head dim 16 -> 32 for the lse pass; both read the forward's own lse.
+        dims = backwards |> Enum.map(fn {_, [bq | _], _} -> elem(bq.shape, 3) end) |> Enum.sort()
+        assert dims == [16, ExlaRs.Attention.lse_grad_head_dim(16)]
+        assert ExlaRs.Attention.lse_grad_head_dim(16) == 32
+
+        for {_, args, _} <- backwards do
+          assert %{op: :elem, args: [fwd_tuple, 1]} = Enum.at(args, 6).data
+          assert %{op: :block} = fwd_tuple.data
+        end
+
+        _ = fwd_out
+
+        for op <- [:dot, :exp, :reduce_max, :tanh] do
+          refute Map.has_key?(walked.ops, op), "#{op} outside the blocks: #{inspect(walked.ops)}"
+        end
+      end
+
+      test "lse_grad_head_dim rounds d + 1 up to a kernel head dim" do
+        assert Enum.map([1, 31, 32, 63, 64, 100, 128, 191, 192, 255, 256, 300], &ExlaRs.Attention.lse_grad_head_dim/1) ==
+                 [32, 32, 64, 64, 96, 128, 192, 192, 256, 256, 257, 301]
       end
 
       test "a tag with a workspace ends the block's result with that many zero bytes", %{q: q} do

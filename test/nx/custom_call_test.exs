@@ -164,6 +164,34 @@ if Code.ensure_loaded?(Nx) and Code.ensure_loaded?(EXLA.CustomCall) do
       end
     end
 
+    test "the widened backward block of the lse gradient is ours too" do
+      q = Nx.iota({1, 6, 4, 64}, type: :bf16)
+      k = Nx.iota({1, 6, 2, 64}, type: :bf16)
+
+      expr =
+        Nx.Defn.debug_expr(fn q, k, v ->
+          Nx.Defn.grad({q, k, v}, fn {q, k, v} ->
+            {_o, lse} = ExlaRs.attention_with_lse(q, k, v, causal: true)
+            Nx.sum(lse)
+          end)
+        end).(q, k, k)
+
+      # Only lse carries a gradient: one backward block, on head dim 96.
+      assert [{%Backward{} = bwd, [bq, bk | _] = bargs, bout}] =
+               for({%Backward{}, _, _} = blk <- Ref.walk(expr).blocks, do: blk)
+
+      assert bq.shape == {1, 6, 4, 96} and bk.shape == {1, 6, 2, 96}
+
+      for platform <- [:host, :cuda] do
+        if native_ws(1, platform, {:bf, 16}, bq.shape, bk.shape) >= 0 do
+          assert {:ok, %EXLA.CustomCall.Spec{call_target_name: "exla_rs_flash_attn_bwd"}} =
+                   EXLA.CustomCall.call(bwd, bout, bargs, client(platform))
+        end
+      end
+
+      assert native_ws(1, :host, {:bf, 16}, bq.shape, bk.shape) >= 0
+    end
+
     test "a tag whose workspace is smaller than the platform needs skips" do
       {{fwd, fout, fargs}, _} = blocks({:f, 32}, {1, 4, 2, 16}, {1, 4, 2, 16}, [])
       {o, lse} = {elem(fout, 0), elem(fout, 1)}

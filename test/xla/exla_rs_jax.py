@@ -90,6 +90,35 @@ def flash_attn_bwd(q, k, v, kv_len, q_start, o, lse, do, *, scale, softcap=0.0, 
     return res[0], res[1], res[2]
 
 
+# Head dims the CUDA kernels are built for; the lse-gradient pass pads to one of them.
+KERNEL_HEAD_DIMS = (32, 64, 96, 128, 192, 256)
+
+
+def lse_grad_head_dim(d: int) -> int:
+    """The head dim of the lse-gradient pass (ExlaRs.Attention does the same): d + 1 rounded up
+    to a kernel head dim, or d + 1 past 256 (no kernel there: the Nx fallback runs)."""
+    return next((n for n in KERNEL_HEAD_DIMS if n > d), d + 1)
+
+
+def flash_attn_bwd_lse(q, k, v, kv_len, q_start, lse, dlse, *, scale, softcap=0.0, window_left=-1, window_right=-1, platform="cpu"):
+    """(dq, dk, dv) of sum(lse * dlse), from the backward target on augmented operands.
+
+    The backward computes ds = p * (do . v_j - rowsum(do * o)). With q and k padded by zero
+    columns (the logits are unchanged), v given a column of ones at index d, o = 0 and do = dlse
+    in that column only: do . v_j = dlse_i and rowsum(do * o) = 0, so ds = p * dlse, which is the
+    lse part of the gradient; dq and dk are the first d columns, dv gets nothing from lse."""
+    b, sq, h, d = q.shape
+    dp = lse_grad_head_dim(d)
+    pad = lambda x: jnp.pad(x, ((0, 0), (0, 0), (0, 0), (0, dp - d)))
+    ones = jnp.ones(v.shape[:3] + (1,), v.dtype)
+    v_aug = jnp.concatenate([v, ones, jnp.zeros(v.shape[:3] + (dp - d - 1,), v.dtype)], axis=-1)
+    dlse_col = jnp.transpose(dlse, (0, 2, 1))[..., None].astype(q.dtype)
+    do_aug = jnp.concatenate([jnp.zeros(q.shape, q.dtype), dlse_col, jnp.zeros((b, sq, h, dp - d - 1), q.dtype)], axis=-1)
+    dq, dk, _ = flash_attn_bwd(pad(q), pad(k), v_aug, kv_len, q_start, jnp.zeros(do_aug.shape, q.dtype), lse, do_aug,
+                               scale=scale, softcap=softcap, window_left=window_left, window_right=window_right, platform=platform)
+    return dq[..., :d], dk[..., :d], jnp.zeros(v.shape, v.dtype)
+
+
 def window(causal: bool, window_size=None) -> tuple[int, int]:
     """(window_left, window_right) for the user-facing options, as the Elixir API maps them."""
     left, right = window_size if window_size is not None else (-1, -1)
@@ -165,9 +194,10 @@ def reference_fwd(q, k, v, kv_len, q_start, *, scale, softcap=0.0, window_left=-
     return np.einsum("bhij,bjhd->bihd", p, vv), lse
 
 
-def reference_bwd(q, k, v, kv_len, q_start, do, *, scale, softcap=0.0, window_left=-1, window_right=-1):
-    """float64 (dq, dk, dv) of sum(o * do), o the contract's forward; closed form, no jax, so it
-    runs on the host next to a GPU process without touching the device."""
+def reference_bwd(q, k, v, kv_len, q_start, do, *, scale, softcap=0.0, window_left=-1, window_right=-1, dlse=None):
+    """float64 (dq, dk, dv) of sum(o * do) (+ sum(lse * dlse) when dlse [B,H,Sq] is given), o and
+    lse the contract's forward; closed form, no jax, so it runs on the host next to a GPU process
+    without touching the device."""
     p, s, kk, vv, _ = _reference_probs(q, k, v, kv_len, q_start, scale=scale, softcap=softcap, window_left=window_left, window_right=window_right)
     q, do = np.asarray(q, np.float64), np.asarray(do, np.float64)
     b, sq, h, d = q.shape
@@ -177,7 +207,7 @@ def reference_bwd(q, k, v, kv_len, q_start, do, *, scale, softcap=0.0, window_le
     dv_h = np.einsum("bhij,bihd->bjhd", p, do)
     dp = np.einsum("bihd,bjhd->bhij", do, vv)
     delta = np.einsum("bihd,bihd->bhi", do, o)[..., None]
-    ds = p * (dp - delta)
+    ds = p * (dp - delta + (0.0 if dlse is None else np.asarray(dlse, np.float64)[..., None]))
     if softcap > 0:
         ds = ds * (1.0 - (s / softcap) ** 2)
     dq = scale * np.einsum("bhij,bjhd->bihd", ds, kk)

@@ -66,6 +66,32 @@ def test_backward_matches_jax_grad_of_reference(case, dt):
     assert np.all(np.asarray(dq).astype(np.float32)[masked] == 0), ctx
 
 
+@pytest.mark.parametrize("case,dt", PARAMS)
+def test_lse_gradient_through_augmented_backward(case, dt):
+    """The gradient of sum(o * do) + sum(lse * dlse): our backward on (do) plus our backward on
+    the head-dim-augmented operands (dlse), as ExlaRs.attention_with_lse differentiates lse."""
+    x = make(case, DTYPES[dt], seed())
+    if ex.lse_grad_head_dim(x.q.shape[-1]) > 256:
+        pytest.skip("no kernel past head dim 256: ExlaRs falls back to Nx there")
+    o, lse = ex.flash_attn_fwd(x.q, x.k, x.v, x.kv_len, x.q_start, **x.kw)
+    rng = np.random.default_rng(x.seed + 1)
+    dlse = rng.standard_normal(lse.shape).astype(np.float32)
+    from_o = ex.flash_attn_bwd(x.q, x.k, x.v, x.kv_len, x.q_start, o, lse, x.do, **x.kw)
+    from_lse = ex.flash_attn_bwd_lse(x.q, x.k, x.v, x.kv_len, x.q_start, lse, dlse, **x.kw)
+    refs = ex.reference_bwd(x.q, x.k, x.v, x.kv_len, x.q_start, x.do, dlse=dlse.astype(x.q.dtype), **x.kw)
+    lse_only = ex.reference_bwd(x.q, x.k, x.v, x.kv_len, x.q_start, np.zeros(x.q.shape), dlse=dlse.astype(x.q.dtype), **x.kw)
+    ctx = f"seed={x.seed}"
+    for name, a, b, ref, ref_lse in zip(("dq", "dk", "dv"), from_o, from_lse, refs, lse_only):
+        b = np.asarray(b)
+        assert np.isfinite(b.astype(np.float32)).all(), f"{name} has non-finite values ({ctx})"
+        if np.abs(ref_lse).max() > 0:
+            err = rel_err(b, ref_lse)
+            assert err <= TOL[dt], f"{name} (lse part) rel err {err:.2e} > {TOL[dt]} ({ctx})"
+        total = np.asarray(a).astype(np.float64) + b.astype(np.float64)
+        err = rel_err(total, ref)
+        assert err <= TOL[dt], f"{name} rel err {err:.2e} > {TOL[dt]} ({ctx})"
+
+
 @pytest.mark.parametrize("dt", list(DTYPES))
 def test_grad_through_custom_vjp_uses_our_backward(dt):
     case = CASES[-1]  # every option at once

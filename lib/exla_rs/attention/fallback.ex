@@ -63,20 +63,8 @@ if Code.ensure_loaded?(Nx) do
     the forward's own `o` and `lse`.
     """
     def backward(%Backward{} = tag, q, k, v, kv_len, q_start, o, lse, d_o) do
-      {dq, dk, dv} = grads(tag, q, k, v, kv_len, q_start, o, lse, d_o, nil)
-      with_workspace({dq, dk, dv}, tag.workspace)
-    end
-
-    @doc """
-    The gradients of `sum(o * do) + sum(lse * dlse)` with respect to `q`, `k`, `v`.
-
-    `backward/9` is this with `dlse = 0`; `ExlaRs.Attention.attention_with_lse/4`
-    uses it for the part of the gradient that flows through `lse` (the native
-    backward only takes `do`). `d_o` or `dlse` may be `nil` for zero.
-    """
-    def grads(tag, q, k, v, kv_len, q_start, o, lse, d_o, dlse) do
       {b, sq, h, d} = Nx.shape(q)
-      {_, sk, hkv, _} = Nx.shape(k)
+      {_, _sk, hkv, _} = Nx.shape(k)
       g = div(h, hkv)
       acc = acc_type(Nx.type(q))
       zero = Nx.tensor(0, type: acc)
@@ -89,36 +77,18 @@ if Code.ensure_loaded?(Nx) do
       visible = Nx.logical_and(mask, Nx.broadcast(Nx.logical_not(empty), Nx.shape(mask)))
       p = Nx.exp(Nx.subtract(Nx.select(visible, s, Nx.Constants.neg_infinity(acc)), lse_safe))
 
-      # ds = p * (dp - delta + dlse), the gradient with respect to the (soft-capped) logits.
-      {dv, inner} =
-        if d_o do
-          dof = groups_first(d_o, hkv, acc)
-          of = groups_first(o, hkv, acc)
-          vf = heads_first(v, acc)
+      dof = groups_first(d_o, hkv, acc)
+      of = groups_first(o, hkv, acc)
+      vf = heads_first(v, acc)
 
-          # p [B, Hkv, G, Sq, Sk] x do [B, Hkv, G, Sq, D] over (G, Sq) -> [B, Hkv, Sk, D]
-          dv = Nx.dot(p, [2, 3], [0, 1], dof, [2, 3], [0, 1]) |> Nx.transpose(axes: [0, 2, 1, 3])
-          # do [B, Hkv, G, Sq, D] . v [B, Hkv, Sk, D] -> [B, Hkv, G, Sq, Sk]
-          dp = Nx.dot(dof, [4], [0, 1], vf, [3], [0, 1])
-          # delta = rowsum(do * o): [B, Hkv, G, Sq, 1]
-          delta = Nx.multiply(dof, of) |> Nx.sum(axes: [4], keep_axes: true)
-
-          {dv, Nx.subtract(dp, delta)}
-        else
-          {Nx.broadcast(zero, {b, sk, hkv, d}), nil}
-        end
-
-      inner =
-        case dlse do
-          nil ->
-            inner
-
-          dlse ->
-            dlse = dlse |> Nx.as_type(acc) |> Nx.reshape({b, hkv, g, sq, 1})
-            if inner, do: Nx.add(inner, dlse), else: dlse
-        end
-
-      ds = if inner, do: Nx.multiply(p, inner), else: Nx.broadcast(zero, Nx.shape(p))
+      # p [B, Hkv, G, Sq, Sk] x do [B, Hkv, G, Sq, D] over (G, Sq) -> [B, Hkv, Sk, D]
+      dv = Nx.dot(p, [2, 3], [0, 1], dof, [2, 3], [0, 1]) |> Nx.transpose(axes: [0, 2, 1, 3])
+      # do [B, Hkv, G, Sq, D] . v [B, Hkv, Sk, D] -> [B, Hkv, G, Sq, Sk]
+      dp = Nx.dot(dof, [4], [0, 1], vf, [3], [0, 1])
+      # delta = rowsum(do * o): [B, Hkv, G, Sq, 1]
+      delta = Nx.multiply(dof, of) |> Nx.sum(axes: [4], keep_axes: true)
+      # ds = p * (dp - delta), the gradient with respect to the (soft-capped) logits.
+      ds = Nx.multiply(p, Nx.subtract(dp, delta))
 
       # Through the soft cap: d(c * tanh(x / c))/dx = 1 - tanh^2 = 1 - (s / c)^2.
       dx =
@@ -140,7 +110,7 @@ if Code.ensure_loaded?(Nx) do
       # dx [B, Hkv, G, Sq, Sk] x q [B, Hkv, G, Sq, D] over (G, Sq) -> [B, Hkv, Sk, D]
       dk = Nx.dot(dx, [2, 3], [0, 1], qf, [2, 3], [0, 1]) |> Nx.transpose(axes: [0, 2, 1, 3])
 
-      {Nx.as_type(dq, Nx.type(q)), Nx.as_type(dk, Nx.type(k)), Nx.as_type(dv, Nx.type(v))}
+      with_workspace({Nx.as_type(dq, Nx.type(q)), Nx.as_type(dk, Nx.type(k)), Nx.as_type(dv, Nx.type(v))}, tag.workspace)
     end
 
     @doc false
