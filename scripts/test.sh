@@ -21,6 +21,8 @@ done
 # The tensor-core kernels' fragment and address math, emulated lane by lane on the CPU against
 # float64 (the real kernels need a GPU; test/gpu runs them there).
 step "CUDA kernel emulation" "$EXLA_RS_VENVS/jax-0.10.2/bin/python" native/exla_rs/kernels/emulate.py
+# The README's main job, small: it must run to its check and its timings.
+step "demo (scripts/demo.py, S=256)" "$EXLA_RS_VENVS/jax-0.10.2/bin/python" scripts/demo.py --seq 256 --repeats 1
 step "mix test" env MIX_ENV=test mix test
 
 echo; echo "=== summary"

@@ -24,9 +24,9 @@ except RuntimeError:
 cuda_only = pytest.mark.skipif(PLATFORM != "cuda", reason="CUDA-specific")
 
 import exla_rs_jax as ex
-from cases import CASES as HOST_CASES, DTYPES, TOL, Case, make, rel_err, seed
+from cases import CASES as HOST_CASES, DTYPES, TOL, Case, assert_grads, fully_masked_rows, make, rel_err, seed
 
-CUDA_DIMS = (32, 64, 96, 128, 192, 256)
+CUDA_DIMS = ex.KERNEL_HEAD_DIMS
 
 # The Host cases with a CUDA head dim, plus cases sized to cross tile boundaries (the kernels use
 # 32/64/128-row tiles): several tiles, ragged last tiles, long windows, big GQA groups.
@@ -59,11 +59,6 @@ def poison(*shapes_dtypes):
     for b in bufs:
         b.block_until_ready()
         b.delete()
-
-
-def fully_masked_rows(x):
-    m = ex.visible_mask(x.q.shape[0], x.q.shape[1], x.k.shape[1], x.kv_len, x.q_start, x.window_left, x.window_right)
-    return ~m.any(-1)
 
 
 def run_fwd(x):
@@ -106,21 +101,15 @@ def test_backward_matches_float64_reference(case, dt):
     # The reference takes the kernel's own o (as the contract's backward does) in float64.
     refs = ex.reference_bwd(x.q, x.k, x.v, x.kv_len, x.q_start, x.do, **x.kw)
     ctx = f"seed={x.seed}"
-    for name, got, ref, like in (("dq", dq, refs[0], x.q), ("dk", dk, refs[1], x.k), ("dv", dv, refs[2], x.v)):
-        got = np.asarray(got)
-        assert got.dtype == like.dtype and got.shape == like.shape, f"{name} {ctx}"
-        assert np.isfinite(got.astype(np.float32)).all(), f"{name}: unwritten or non-finite values ({ctx})"
-        err = rel_err(got, ref)
-        assert err <= TOL[dt], f"{name} rel err {err:.2e} > {TOL[dt]} ({ctx})"
-    masked = fully_masked_rows(x)
-    assert np.all(np.asarray(dq).astype(np.float32)[masked] == 0), ctx
+    assert_grads(x, dt, (dq, dk, dv), refs, ctx)
     # Keys past kv_len get exactly zero gradients.
     for bi, n in enumerate(x.kv_len):
         assert np.all(np.asarray(dk)[bi, max(n, 0):].astype(np.float32) == 0), ctx
         assert np.all(np.asarray(dv)[bi, max(n, 0):].astype(np.float32) == 0), ctx
 
 
-LSE_PARAMS = [pytest.param(c, dt, id=f"{c.name}-{dt}") for c in CUDA_CASES if c.d < 256 for dt in DTYPES]
+# The widened operands need a kernel head dim (none past 256).
+LSE_PARAMS = [pytest.param(c, dt, id=f"{c.name}-{dt}") for c in CUDA_CASES if ex.lse_grad_head_dim(c.d) <= 256 for dt in DTYPES]
 
 
 @pytest.mark.parametrize("case,dt", LSE_PARAMS)

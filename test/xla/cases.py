@@ -110,3 +110,25 @@ def rel_err(got, ref) -> float:
     # than dividing rounding noise by ~0.
     denom = max(float(np.max(np.abs(ref[fin]), initial=0.0)), 1e-2)
     return float(np.max(np.abs(got[fin] - ref[fin]), initial=0.0)) / denom
+
+
+def fully_masked_rows(x: Inputs) -> np.ndarray:
+    """bool[B, Sq]: queries that see no key (their o is 0, lse -inf, dq 0)."""
+    from exla_rs_jax import visible_mask
+
+    m = visible_mask(x.q.shape[0], x.q.shape[1], x.k.shape[1], x.kv_len, x.q_start, x.window_left, x.window_right)
+    return ~m.any(-1)
+
+
+def assert_grads(x: Inputs, dt: str, grads, refs, ctx: str) -> None:
+    """(dq, dk, dv) typed and shaped like (q, k, v), finite (outputs are poisoned on the GPU, so
+    an unwritten element fails here), within TOL[dt] of the float64 refs, and dq exactly 0 on
+    fully masked rows."""
+    for name, got, ref, like in zip(("dq", "dk", "dv"), grads, refs, (x.q, x.k, x.v)):
+        got = np.asarray(got)
+        assert got.dtype == like.dtype and got.shape == like.shape, f"{name} {ctx}"
+        assert np.isfinite(got.astype(np.float32)).all(), f"{name}: unwritten or non-finite values ({ctx})"
+        err = rel_err(got, ref)
+        assert err <= TOL[dt], f"{name} rel err {err:.2e} > {TOL[dt]} ({ctx})"
+    assert np.all(np.asarray(grads[0]).astype(np.float32)[fully_masked_rows(x)] == 0), ctx
+

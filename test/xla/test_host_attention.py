@@ -7,14 +7,9 @@ import numpy as np
 import pytest
 
 import exla_rs_jax as ex
-from cases import CASES, DTYPES, TOL, make, rel_err, seed
+from cases import CASES, DTYPES, TOL, assert_grads, fully_masked_rows, make, rel_err, seed
 
 PARAMS = [pytest.param(c, dt, id=f"{c.name}-{dt}") for c in CASES for dt in DTYPES]
-
-
-def fully_masked_rows(x):
-    m = ex.visible_mask(x.q.shape[0], x.q.shape[1], x.k.shape[1], x.kv_len, x.q_start, x.window_left, x.window_right)
-    return ~m.any(-1)  # [B, Sq]
 
 
 @pytest.mark.parametrize("case,dt", PARAMS)
@@ -53,17 +48,7 @@ def test_backward_matches_jax_grad_of_reference(case, dt):
     x = make(case, DTYPES[dt], seed())
     o, lse = ex.flash_attn_fwd(x.q, x.k, x.v, x.kv_len, x.q_start, **x.kw)
     dq, dk, dv = ex.flash_attn_bwd(x.q, x.k, x.v, x.kv_len, x.q_start, o, lse, x.do, **x.kw)
-    refs = reference_grads(x)
-    ctx = f"seed={x.seed}"
-    for name, got, ref, like in (("dq", dq, refs[0], x.q), ("dk", dk, refs[1], x.k), ("dv", dv, refs[2], x.v)):
-        got = np.asarray(got)
-        assert got.dtype == like.dtype and got.shape == like.shape, f"{name} {ctx}"
-        assert np.isfinite(got.astype(np.float32)).all(), f"{name} has non-finite values ({ctx})"
-        err = rel_err(got, ref)
-        assert err <= TOL[dt], f"{name} rel err {err:.2e} > {TOL[dt]} ({ctx})"
-    # Rows with no visible key contribute nothing: their dq is exactly 0.
-    masked = fully_masked_rows(x)
-    assert np.all(np.asarray(dq).astype(np.float32)[masked] == 0), ctx
+    assert_grads(x, dt, (dq, dk, dv), reference_grads(x), f"seed={x.seed}")
 
 
 @pytest.mark.parametrize("case,dt", PARAMS)
