@@ -97,13 +97,10 @@ if Code.ensure_loaded?(Nx) do
       run(q, k, v, opts, "attention_with_lse/4", true)
     end
 
-    @doc """
-    Validates the arguments of `attention/4` and returns the block configuration:
-    `{forward_tag, backward_tag, [q, k, v, kv_len, q_start]}`. Raises
-    `ArgumentError` for anything invalid.
-    """
-    def prepare(q, k, v, opts, fun \\ "attention/4") do
-      fun = "ExlaRs.#{fun}"
+    # Validates the arguments of attention/4 and returns the forward block's tag and
+    # inputs: {forward_tag, [q, k, v, kv_len, q_start]}. Raises ArgumentError for
+    # anything invalid.
+    defp prepare(q, k, v, opts, fun) do
       {b, sq, h, d} = check_tensor!(fun, "q", q, nil)
       dtype = Nx.type(q)
 
@@ -138,18 +135,7 @@ if Code.ensure_loaded?(Nx) do
           :ok
       end
 
-      unless Keyword.keyword?(opts) do
-        raise ArgumentError, "#{fun}: expected opts to be a keyword list, got: #{inspect(opts)}"
-      end
-
-      case Keyword.keys(opts) -- @option_keys do
-        [] ->
-          :ok
-
-        unknown ->
-          raise ArgumentError,
-                "#{fun}: unknown options #{inspect(unknown)}, expected one of #{inspect(@option_keys)}"
-      end
+      check_option_keys!(opts, fun)
 
       scale = opts |> Keyword.get(:scale, 1 / :math.sqrt(d)) |> check_f32!(fun, :scale)
       softcap = opts |> Keyword.get(:softcap, 0) |> check_f32!(fun, :softcap)
@@ -179,19 +165,38 @@ if Code.ensure_loaded?(Nx) do
         workspace: ExlaRs.CustomCall.workspace_bytes(:forward, dtype, dims)
       }
 
-      bwd = %Backward{
-        scale: scale,
-        softcap: softcap,
-        window_left: left,
-        window_right: right,
-        workspace: ExlaRs.CustomCall.workspace_bytes(:backward, dtype, dims)
-      }
+      {fwd, [q, k, v, kv_len, q_start]}
+    end
 
-      {fwd, bwd, [q, k, v, kv_len, q_start]}
+    @doc false
+    # Raises unless opts is a keyword list of attention/4's options (plus `extra`
+    # keys the caller takes for itself). `fun` names the caller in the message.
+    def check_option_keys!(opts, fun, extra \\ []) do
+      unless Keyword.keyword?(opts) do
+        raise ArgumentError, "#{fun}: expected opts to be a keyword list, got: #{inspect(opts)}"
+      end
+
+      allowed = @option_keys ++ extra
+
+      case Keyword.keys(opts) -- allowed do
+        [] ->
+          :ok
+
+        unknown ->
+          raise ArgumentError,
+                "#{fun}: unknown options #{inspect(Enum.uniq(unknown))}, expected one of #{inspect(allowed)}"
+      end
+    end
+
+    # The backward block's tag for the forward's options and the given dims (the
+    # workspace depends on them), built only when a gradient is taken.
+    defp backward_tag(%Forward{} = fwd, dtype, dims) do
+      fields = fwd |> Map.from_struct() |> Map.put(:workspace, ExlaRs.CustomCall.workspace_bytes(:backward, dtype, dims))
+      struct!(Backward, fields)
     end
 
     defp run(q, k, v, opts, fun, with_lse?) do
-      {fwd, bwd, args} = prepare(q, k, v, opts, fun)
+      {fwd, args} = prepare(q, k, v, opts, "ExlaRs.#{fun}")
 
       # Inside defn every block input must be an expression: lift concrete tensors
       # (say a kv_len captured from outside) into the trace.
@@ -208,6 +213,7 @@ if Code.ensure_loaded?(Nx) do
           Nx.Defn.Kernel.custom_grad(o, [q, k, v], fn g ->
             # do is shaped and typed like o (the cotangent may come widened or as a scalar).
             d_o = g |> Nx.as_type(Nx.type(o)) |> Nx.broadcast(Nx.shape(o))
+            bwd = backward_tag(fwd, Nx.type(q), dims(q, k, Nx.axis_size(q, 3)))
             bwd_args = [q, k, v, kv_len, q_start, o, lse, d_o]
             bout = Nx.block(bwd, bwd_args, backward_template(bwd, q, k, v), &Fallback.backward/9)
             [elem(bout, 0), elem(bout, 1), elem(bout, 2)]
@@ -216,7 +222,7 @@ if Code.ensure_loaded?(Nx) do
         grad_lse =
           if with_lse? do
             Nx.Defn.Kernel.custom_grad(lse, [q, k, v], fn g ->
-              lse_grads(bwd, [q, k, v, kv_len, q_start], lse, Nx.broadcast(g, Nx.shape(lse)))
+              lse_grads(fwd, [q, k, v, kv_len, q_start], lse, Nx.broadcast(g, Nx.shape(lse)))
             end)
           else
             lse
@@ -243,7 +249,7 @@ if Code.ensure_loaded?(Nx) do
     # of ones at index d, o = 0, and do = dlse in that column only. The backward
     # computes ds = p * (do . v_j - rowsum(do * o)), here p * dlse: exactly the
     # lse part of the gradient. dq and dk are the first d columns; dv gets nothing.
-    defp lse_grads(bwd, [q, k, v, kv_len, q_start], lse, dlse) do
+    defp lse_grads(fwd, [q, k, v, kv_len, q_start], lse, dlse) do
       {b, sq, h, d} = Nx.shape(q)
       {_, sk, hkv, _} = Nx.shape(k)
       type = Nx.type(q)
@@ -263,7 +269,7 @@ if Code.ensure_loaded?(Nx) do
       o_wide = Nx.broadcast(Nx.tensor(0, type: type), {b, sq, h, wide})
       do_wide = widen.(dlse_col, d)
 
-      tag = %{bwd | workspace: ExlaRs.CustomCall.workspace_bytes(:backward, type, [b, sq, sk, h, hkv, wide])}
+      tag = backward_tag(fwd, type, dims(q, k, wide))
       args = [q_wide, k_wide, v_wide, kv_len, q_start, o_wide, lse, do_wide]
       out = Nx.block(tag, args, backward_template(tag, q_wide, k_wide, v_wide), &Fallback.backward/9)
 
@@ -272,6 +278,13 @@ if Code.ensure_loaded?(Nx) do
         out |> elem(1) |> Nx.slice_along_axis(0, d, axis: 3),
         Nx.broadcast(Nx.tensor(0, type: Nx.type(v)), Nx.shape(v))
       ]
+    end
+
+    # [b, sq, sk, h, hkv, head_dim] as the NIF's workspace query takes them.
+    defp dims(q, k, head_dim) do
+      {b, sq, h, _} = Nx.shape(q)
+      {_, sk, hkv, _} = Nx.shape(k)
+      [b, sq, sk, h, hkv, head_dim]
     end
 
     @doc false

@@ -68,31 +68,15 @@ if Code.ensure_loaded?(Nx) do
         Axon.layer(
           op,
           [query, key, value | Keyword.values(tensors)],
-          [name: name, op_name: :exla_rs_attention, tensor_keys: Keyword.keys(tensors)] ++
-            Keyword.take(opts, @attention_keys)
+          # opts holds only attention options now (checked, :name and the nodes taken out).
+          [name: name, op_name: :exla_rs_attention, tensor_keys: Keyword.keys(tensors)] ++ opts
         )
       end
-    end
 
-    # The layer functions ignore unknown keys (Axon adds its own, like :mode),
-    # so a misspelt option must be caught here, when the model is built.
-    if Code.ensure_loaded?(Axon) do
+      # The layer functions ignore unknown keys (Axon adds its own, like :mode),
+      # so a misspelt option must be caught here, when the model is built.
       defp check_options!(opts) do
-        unless Keyword.keyword?(opts) do
-          raise ArgumentError, "ExlaRs.Axon.attention/4: expected opts to be a keyword list, got: #{inspect(opts)}"
-        end
-
-        allowed = @attention_keys ++ [:kv_len, :q_start, :name]
-
-        case Keyword.keys(opts) -- allowed do
-          [] ->
-            :ok
-
-          unknown ->
-            raise ArgumentError,
-                  "ExlaRs.Axon.attention/4: unknown options #{inspect(Enum.uniq(unknown))}, " <>
-                    "expected one of #{inspect(allowed)}"
-        end
+        ExlaRs.Attention.check_option_keys!(opts, "ExlaRs.Axon.attention/4", [:name])
 
         for key <- [:kv_len, :q_start] do
           case opts[key] do

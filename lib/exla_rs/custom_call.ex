@@ -11,7 +11,7 @@ defmodule ExlaRs.CustomCall do
       and the native library says that configuration runs there
       (`ExlaRs.NIF.workspace_bytes/9` >= 0) within the workspace the traced
       program carries, it makes sure our FFI targets are registered with XLA
-      (`ExlaRs.register/0`, once) and returns the custom call: our target name
+      (`ExlaRs.register/0`, before each lowering) and returns the custom call: our target name
       and the attributes `scale`, `softcap` (`f32`), `window_left`,
       `window_right` (`i64`) as typed MLIR attribute text;
     * otherwise (another platform, `f64`, a head dim the kernels lack, a

@@ -16,6 +16,7 @@ defmodule ExlaRs.Registration do
   alias ExlaRs.{NIF, RegistrationError}
 
   @start_key {__MODULE__, :at_start}
+  @exla_paths_key {__MODULE__, :exla_paths}
 
   @doc """
   One registration pass. Options:
@@ -75,11 +76,21 @@ defmodule ExlaRs.Registration do
   XLA is not loaded either, and we never load it ourselves).
   """
   def exla_paths do
-    with true <- :erlang.module_loaded(EXLA.NIF),
-         dir when is_list(dir) <- :code.priv_dir(:exla) do
-      Path.wildcard(Path.join(to_string(dir), "**/libxla_extension*.so"))
-    else
-      _ -> []
+    # Found once: registration runs before every lowering, and EXLA's priv dir does not
+    # change while its NIF is loaded, so the recursive search is not repeated.
+    case :persistent_term.get(@exla_paths_key, []) do
+      [] ->
+        with true <- :erlang.module_loaded(EXLA.NIF),
+             dir when is_list(dir) <- :code.priv_dir(:exla),
+             [_ | _] = paths <- Path.wildcard(Path.join(to_string(dir), "**/libxla_extension*.so")) do
+          :persistent_term.put(@exla_paths_key, paths)
+          paths
+        else
+          _ -> []
+        end
+
+      paths ->
+        paths
     end
   end
 

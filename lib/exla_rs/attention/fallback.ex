@@ -69,7 +69,7 @@ if Code.ensure_loaded?(Nx) do
       acc = acc_type(Nx.type(q))
       zero = Nx.tensor(0, type: acc)
 
-      %{x: _x, s: s, mask: mask, qf: qf, kf: kf} = logits(tag, q, k, kv_len, q_start, acc)
+      %{s: s, mask: mask, qf: qf, kf: kf} = logits(tag, q, k, kv_len, q_start, acc)
 
       lse = lse |> Nx.as_type(acc) |> Nx.reshape({b, hkv, g, sq, 1})
       empty = Nx.is_infinity(lse)
@@ -135,7 +135,7 @@ if Code.ensure_loaded?(Nx) do
 
       # Nx.select takes its shape from the predicate: give the mask the logits' shape.
       mask = tag |> mask(kv_len, q_start, b, sq, sk) |> Nx.broadcast(Nx.shape(x))
-      %{x: x, s: s, qf: qf, kf: kf, mask: mask}
+      %{s: s, qf: qf, kf: kf, mask: mask}
     end
 
     @doc false
@@ -176,13 +176,12 @@ if Code.ensure_loaded?(Nx) do
       |> Nx.transpose(axes: [0, 2, 3, 1, 4])
     end
 
-    @doc false
-    def acc_type({:f, 64}), do: {:f, 64}
-    def acc_type(_), do: {:f, 32}
+    # Accumulation in f32 (f64 for f64 inputs); lse is returned in that type too.
+    defp acc_type({:f, 64}), do: {:f, 64}
+    defp acc_type(_), do: {:f, 32}
 
     @doc false
-    def lse_type({:f, 64}), do: {:f, 64}
-    def lse_type(_), do: {:f, 32}
+    def lse_type(type), do: acc_type(type)
 
     defp with_workspace(tuple, 0), do: tuple
 

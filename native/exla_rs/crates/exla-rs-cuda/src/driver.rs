@@ -56,7 +56,8 @@ pub fn error_name(r: CUresult) -> String {
 }
 
 /// Ok for CUDA_SUCCESS, else Internal naming the call.
-pub fn check(r: CUresult, call: &str) -> Result<(), AttnError> {
+/// `call` is only formatted on failure: pass `format_args!` on per-launch paths.
+pub fn check(r: CUresult, call: impl std::fmt::Display) -> Result<(), AttnError> {
     if r == CUresult::CUDA_SUCCESS {
         Ok(())
     } else {

@@ -49,7 +49,7 @@ unsafe fn run<P>(stream: CUstream, launches: &[Launch], params: &P) -> Result<()
                 args.as_mut_ptr(),
                 std::ptr::null_mut(),
             ),
-            &format!("cuLaunchKernel({}, grid {:?}, block {}, smem {})", l.kernel, l.grid, l.block, l.smem),
+            format_args!("cuLaunchKernel({}, grid {:?}, block {}, smem {})", l.kernel, l.grid, l.block, l.smem),
         )?;
     }
     Ok(())

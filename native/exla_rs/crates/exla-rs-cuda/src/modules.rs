@@ -31,7 +31,7 @@ impl Module {
         }
         let cname = CString::new(name).unwrap();
         let mut func: CUfunction = std::ptr::null_mut();
-        check(sys::cuModuleGetFunction(&mut func, self.module, cname.as_ptr()), &format!("cuModuleGetFunction({name})"))?;
+        check(sys::cuModuleGetFunction(&mut func, self.module, cname.as_ptr()), format_args!("cuModuleGetFunction({name})"))?;
         if smem > 48 * 1024 {
             // Above 48 KiB a kernel must opt in, up to what the device allows.
             let limit = driver::device_attr(
@@ -112,6 +112,6 @@ unsafe fn load(device: CUdevice, file: &'static str) -> Result<Module, AttnError
         other => other,
     })?;
     let mut m: CUmodule = std::ptr::null_mut();
-    check(sys::cuModuleLoadData(&mut m, cubin.as_ptr().cast()), &format!("cuModuleLoadData({file}, NVRTC cubin)"))?;
+    check(sys::cuModuleLoadData(&mut m, cubin.as_ptr().cast()), format_args!("cuModuleLoadData({file}, NVRTC cubin)"))?;
     Ok(Module { module: m, functions: Default::default() })
 }

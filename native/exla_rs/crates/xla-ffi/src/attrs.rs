@@ -114,7 +114,8 @@ impl<'a> Attrs<'a> {
         }
     }
 
-    fn required(&self, target: &str, name: &str, want: &str) -> Result<Attr<'a>, FfiError> {
+    /// `want` describes the expected attribute in the error (built only on failure).
+    fn required(&self, target: &str, name: &str, want: impl std::fmt::Display) -> Result<Attr<'a>, FfiError> {
         self.get(name).ok_or_else(|| {
             let have: Vec<String> = self.names().collect();
             FfiError::invalid_argument(format!(
@@ -126,8 +127,8 @@ impl<'a> Attrs<'a> {
 
     /// A required scalar of exactly type `dtype`, read as `T`.
     fn scalar<T: Copy>(&self, target: &str, name: &str, dtype: DataType) -> Result<T, FfiError> {
-        let want = format!("{dtype} scalar");
-        match self.required(target, name, &want)? {
+        let want = format_args!("{dtype} scalar");
+        match self.required(target, name, want)? {
             Attr::Scalar { dtype: d, value } if d == dtype && !value.is_null() => {
                 // SAFETY: XLA stores a scalar of `dtype` at `value`; read_unaligned needs no alignment.
                 Ok(unsafe { std::ptr::read_unaligned(value as *const T) })
