@@ -64,20 +64,22 @@ pub fn bwd_workspace_layout(dtype: ElementType, shape: &AttnShape) -> (usize, us
     (delta, accum)
 }
 
-/// Bytes of the trailing workspace result; None when CUDA has no kernel for the configuration.
-pub fn workspace_bytes(pass: Pass, dtype: ElementType, shape: &AttnShape) -> Option<usize> {
-    check_supported(dtype, shape).ok()?;
-    Some(match pass {
+/// Bytes of the trailing workspace result, or why CUDA has no kernel for the configuration.
+pub fn workspace_requirement(pass: Pass, dtype: ElementType, shape: &AttnShape) -> Result<usize, String> {
+    check_supported(dtype, shape)?;
+    Ok(match pass {
         Pass::Forward => 0,
+        // With no query rows both parts are 0: the kernels never touch scratch then.
         Pass::Backward => {
             let (delta, accum) = bwd_workspace_layout(dtype, shape);
-            if shape.batch * shape.heads * shape.seq_q == 0 {
-                0 // no query rows: nothing to accumulate, the kernels never touch scratch
-            } else {
-                delta + accum
-            }
+            delta + accum
         }
     })
+}
+
+/// [`workspace_requirement`] without the reason: None when unsupported.
+pub fn workspace_bytes(pass: Pass, dtype: ElementType, shape: &AttnShape) -> Option<usize> {
+    workspace_requirement(pass, dtype, shape).ok()
 }
 
 fn dt(dtype: ElementType) -> &'static str {

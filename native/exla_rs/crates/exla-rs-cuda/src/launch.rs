@@ -11,8 +11,7 @@ use exla_rs_attn::{AttnError, AttnOptions, AttnShape, ElementType, Pass};
 use std::ffi::c_void;
 
 fn supported(pass: Pass, dtype: ElementType, shape: &AttnShape, workspace_bytes: usize) -> Result<(), AttnError> {
-    config::check_supported(dtype, shape).map_err(AttnError::unimplemented)?;
-    let need = config::workspace_bytes(pass, dtype, shape).unwrap_or(0);
+    let need = config::workspace_requirement(pass, dtype, shape).map_err(AttnError::unimplemented)?;
     if workspace_bytes < need {
         return Err(AttnError::invalid(format!(
             "workspace result has {workspace_bytes} bytes; exla_rs_flash_attn_workspace_bytes says this call needs {need}"

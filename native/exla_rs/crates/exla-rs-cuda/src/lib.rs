@@ -59,6 +59,11 @@ pub fn workspace_bytes(pass: Pass, dtype: ElementType, shape: &AttnShape) -> Opt
     config::workspace_bytes(pass, dtype, shape)
 }
 
+/// Like [`workspace_bytes`], with the reason when the configuration is not supported on CUDA.
+pub fn workspace_requirement(pass: Pass, dtype: ElementType, shape: &AttnShape) -> Result<usize, String> {
+    config::workspace_requirement(pass, dtype, shape)
+}
+
 /// What this build embeds.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct KernelBuildInfo {

@@ -153,15 +153,15 @@ fn workspace<'a>(
     c: &Common<'a>,
     result_names: &str,
 ) -> Result<Option<Buffer<'a>>, FfiError> {
-    let Some(need) = platform_workspace(pass, platform, c.dtype, &c.shape) else {
-        return Err(FfiError::new(
+    let need = platform_workspace(pass, platform, c.dtype, &c.shape).map_err(|why| {
+        FfiError::new(
             ErrorCode::Unimplemented,
             format!(
-                "{target}: {} with head dim {} is not supported on {:?} (exla_rs_flash_attn_workspace_bytes says -1)",
-                c.dtype, c.shape.head_dim, platform
+                "{target}: this {} call is not supported on {platform:?}: {why} (exla_rs_flash_attn_workspace_bytes says -1)",
+                c.dtype
             ),
-        ));
-    };
+        )
+    })?;
     let count = frame.ret_count();
     let allowed = if need > 0 { index + 1..=index + 1 } else { index..=index + 1 };
     if !allowed.contains(&count) {

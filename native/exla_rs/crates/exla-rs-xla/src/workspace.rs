@@ -23,11 +23,11 @@ pub fn workspace_bytes(pass: i32, platform: i32, dtype: i32, b: i64, sq: i64, sk
     platform_workspace(pass, platform, dtype, &shape).map_or(-1, |n| n as i64)
 }
 
-/// The workspace a valid shape needs on `platform`, None when unsupported there.
-pub fn platform_workspace(pass: Pass, platform: Platform, dtype: ElementType, shape: &AttnShape) -> Option<usize> {
-    shape.validate().ok()?;
+/// The workspace a valid shape needs on `platform`, or why it is not supported there.
+pub fn platform_workspace(pass: Pass, platform: Platform, dtype: ElementType, shape: &AttnShape) -> Result<usize, String> {
+    shape.validate().map_err(|e| e.to_string())?;
     match platform {
-        Platform::Host => Some(exla_rs_attn::host::workspace_bytes(pass, dtype, shape)),
-        Platform::Cuda => exla_rs_cuda::workspace_bytes(pass, dtype, shape),
+        Platform::Host => Ok(exla_rs_attn::host::workspace_bytes(pass, dtype, shape)),
+        Platform::Cuda => exla_rs_cuda::workspace_requirement(pass, dtype, shape),
     }
 }

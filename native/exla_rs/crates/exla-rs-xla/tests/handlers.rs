@@ -182,3 +182,14 @@ fn workspace_bytes_rejects_what_the_contract_rejects() {
     assert_eq!(f(3, 0, 11, 1, 8, 8, 4, 4, 64), -1);
     assert_eq!(f(0, 2, 11, 1, 8, 8, 4, 4, 64), -1);
 }
+
+#[test]
+fn cuda_unsupported_configurations_say_why() {
+    // The reason comes from the CUDA kernels' own support check, whichever limit it is.
+    for (q, k, why) in [([1, 4, 2, 80], [1, 4, 2, 80], "D=80"), ([70_000, 1, 1, 64], [70_000, 1, 1, 64], "65535")] {
+        let mut fb = attrs(good_fwd(q, k), 0.125, -1, -1).build(api());
+        let err = unsafe { take_fake_error(exla_rs_flash_attn_fwd_cuda(fb.frame())) }.expect("an error");
+        assert_eq!(err.code, sys::XLA_FFI_Error_Code_UNIMPLEMENTED, "{}", err.message);
+        assert!(err.message.contains("not supported on Cuda") && err.message.contains(why), "{}", err.message);
+    }
+}
