@@ -12,10 +12,11 @@ use std::sync::Mutex;
 
 use rayon::prelude::*;
 
+use super::extra::Prep;
 use super::forward::{BC, BR};
 use super::kernels::{Gemm, Isa, LOG2_E, PAD};
 use super::{round_up, BwdInputs, BwdOutputs, HostElement, SyncPtr};
-use crate::{AttnOptions, AttnShape, KeyRange};
+use crate::{AttnOptions, AttnShape, BiasGrad, Extras, KeyRange};
 
 struct Scratch {
     kt: Vec<f32>,
@@ -28,14 +29,58 @@ struct Scratch {
     p: Vec<f32>,
     tmp: Vec<f32>,
     ranges: Vec<KeyRange>,
+    /// The extras' additive row (bias conversion, bias + key mask).
+    e: Vec<f32>,
+    /// dZ of the tile, when the bias gradient is wanted and the softcap makes dX differ from it.
+    ds: Vec<f32>,
 }
 
-pub(super) fn run<T: HostElement, K: Isa>(shape: &AttnShape, opts: &AttnOptions, inp: BwdInputs<'_, T>, out: BwdOutputs<'_, T>) {
+/// The f32 accumulator of `dbias` (the result itself when it is f32) and the locks that make
+/// tasks sharing a broadcast bias entry add into it one at a time.
+struct BiasAcc {
+    ptr: SyncPtr<f32>,
+    dims: [usize; 4],
+    /// The bias has a row per query (`Sqb = Sq`) / a column per key (`Skb = Sk`).
+    q_full: bool,
+    k_full: bool,
+    /// One lock per (bias batch·head, query block or 0, key block or 0): the regions they guard
+    /// are disjoint, and tasks that write the same entries (a broadcast batch, head or sequence
+    /// dim) take the same lock.
+    locks: Vec<Mutex<()>>,
+    nql: usize,
+    nkl: usize,
+}
+
+pub(super) fn run<T: HostElement, K: Isa>(shape: &AttnShape, opts: &AttnOptions, inp: BwdInputs<'_, T>, out: BwdOutputs<'_, T>, ex: &Extras<'_>, dbias: Option<BiasGrad<'_>>) {
+    // Two instances: without optional operands the tile loop is exactly the original one.
+    if ex.is_none() {
+        run_impl::<T, K, false>(shape, opts, inp, out, ex, None)
+    } else {
+        run_impl::<T, K, true>(shape, opts, inp, out, ex, dbias)
+    }
+}
+
+fn run_impl<T: HostElement, K: Isa, const EXT: bool>(shape: &AttnShape, opts: &AttnOptions, inp: BwdInputs<'_, T>, out: BwdOutputs<'_, T>, ex: &Extras<'_>, mut dbias: Option<BiasGrad<'_>>) {
     let AttnShape { batch, seq_q: sq, seq_k: sk, heads: h, kv_heads: hkv, head_dim: d } = *shape;
+    // dbias is a sum: zero first, so every early return below leaves it right.
+    let mut dbias_tmp: Vec<f32> = Vec::new();
+    let dbias_ptr: Option<*mut f32> = match dbias.as_mut() {
+        None => None,
+        Some(BiasGrad::F32(x)) => {
+            x.fill(0.0);
+            Some(x.as_mut_ptr())
+        }
+        Some(g) => {
+            dbias_tmp = vec![0.0; g.len()];
+            Some(dbias_tmp.as_mut_ptr())
+        }
+    };
     if batch == 0 {
+        finish_dbias(dbias, &dbias_tmp);
         return;
     }
     if sk == 0 || sq == 0 {
+        finish_dbias(dbias, &dbias_tmp);
         // Nothing is visible anywhere: all gradients are 0.
         out.dq.fill(T::from_f32(0.0));
         out.dk.fill(T::from_f32(0.0));
@@ -75,6 +120,22 @@ pub(super) fn run<T: HostElement, K: Isa>(shape: &AttnShape, opts: &AttnOptions,
     let dq_acc: Vec<Mutex<Vec<f32>>> =
         (0..batch * h * nqb).map(|t| Mutex::new(vec![0f32; BR.min(sq - (t % nqb) * BR) * dp])).collect();
 
+    let prep = if EXT { Prep::new(shape, ex) } else { Prep::new(shape, &Extras::default()) };
+    let prep = &prep;
+    let acc = match (dbias_ptr, ex.bias) {
+        (Some(ptr), Some(bias)) => {
+            let dims = bias.dims;
+            let (q_full, k_full) = (dims[2] == sq, dims[3] == sk);
+            let (nql, nkl) = (if q_full { nqb } else { 1 }, if k_full { nkb } else { 1 });
+            let locks = (0..dims[0] * dims[1] * nql * nkl).map(|_| Mutex::new(())).collect();
+            Some(BiasAcc { ptr: SyncPtr(ptr), dims, q_full, k_full, locks, nql, nkl })
+        }
+        _ => None,
+    };
+    let acc = acc.as_ref();
+    // With a softcap the kernel's dX is dZ·tanh'; dbias needs dZ itself, kept in its own tile.
+    let ds_apart = acc.is_some() && opts.softcap > 0.0;
+
     let dk_ptr = SyncPtr(out.dk.as_mut_ptr());
     let dv_ptr = SyncPtr(out.dv.as_mut_ptr());
     let (qs, dop, di, lse2, dq_acc) = (&qs[..], &dop[..], &di[..], &lse2[..], &dq_acc[..]);
@@ -90,6 +151,8 @@ pub(super) fn run<T: HostElement, K: Isa>(shape: &AttnShape, opts: &AttnOptions,
             p: vec![0.0; BR * BC],
             tmp: vec![0.0; BR * dp],
             ranges: Vec::with_capacity(BR),
+            e: if EXT { vec![0.0; BC] } else { Vec::new() },
+            ds: if ds_apart { vec![0.0; BR * BC] } else { Vec::new() },
         },
         |scr, task| {
             let (bkv, kb) = (task / nkb, task % nkb);
@@ -117,7 +180,10 @@ pub(super) fn run<T: HostElement, K: Isa>(shape: &AttnShape, opts: &AttnOptions,
             scr.dk.fill(0.0);
             scr.dv.fill(0.0);
 
-            for hq in kvh * g..(kvh + 1) * g {
+            // key_mask hides every key of this block from batch row b: dK = dV = 0 here.
+            let heads = if EXT && !prep.tile_visible(b, kb) { 0..0 } else { kvh * g..(kvh + 1) * g };
+            for hq in heads {
+                let alibi2 = if EXT { prep.alibi2(hq) } else { 0.0 };
                 let bhq = b * h + hq;
                 for qb in 0..nqb {
                     let i0 = qb * BR;
@@ -147,11 +213,24 @@ pub(super) fn run<T: HostElement, K: Isa>(shape: &AttnShape, opts: &AttnOptions,
                             // Masked in this tile, or a row the forward found fully masked.
                             srow.fill(0.0);
                             prow.fill(0.0);
+                            if ds_apart {
+                                scr.ds[r * BC..(r + 1) * BC].fill(0.0);
+                            }
                             continue;
                         }
-                        // SAFETY: rows of BC elements; a < e ≤ cols ≤ BC.
-                        unsafe {
-                            K::bwd_row(srow.as_mut_ptr(), scr.dp[r * BC..].as_ptr(), prow.as_mut_ptr(), BC, a, e, opts.softcap, l2, di[row0 + r]);
+                        if EXT {
+                            let i = i0 + r;
+                            let ext = prep.row(&mut scr.e, b, hq, i, qst as i64 + i as i64, j0, cols, alibi2);
+                            let dsp = if ds_apart { scr.ds[r * BC..].as_mut_ptr() } else { std::ptr::null_mut() };
+                            // SAFETY: rows of BC elements (the extras' row too); a < e ≤ cols ≤ BC.
+                            unsafe {
+                                K::bwd_row_ext(srow.as_mut_ptr(), scr.dp[r * BC..].as_ptr(), prow.as_mut_ptr(), dsp, BC, a, e, opts.softcap, l2, di[row0 + r], ext);
+                            }
+                        } else {
+                            // SAFETY: rows of BC elements; a < e ≤ cols ≤ BC.
+                            unsafe {
+                                K::bwd_row(srow.as_mut_ptr(), scr.dp[r * BC..].as_ptr(), prow.as_mut_ptr(), BC, a, e, opts.softcap, l2, di[row0 + r]);
+                            }
                         }
                         clo = clo.min(a);
                         chi = chi.max(e);
@@ -166,6 +245,10 @@ pub(super) fn run<T: HostElement, K: Isa>(shape: &AttnShape, opts: &AttnOptions,
                         K::gemm(Gemm { m: kw, n: dp, k: rows, a: scr.s.as_ptr().add(clo), a_rs: 1, a_cs: BC, b: qblk.as_ptr(), ldb: dp, c: scr.dk.as_mut_ptr().add(clo * dp), ldc: dp, accumulate: true });
                         // This block's share of dQ = dX·(scale·K), added under the block's lock.
                         K::gemm(Gemm { m: rows, n: dp, k: kw, a: scr.s.as_ptr().add(clo), a_rs: BC, a_cs: 1, b: scr.ks.as_ptr().add(clo * dp), ldb: dp, c: scr.tmp.as_mut_ptr(), ldc: dp, accumulate: false });
+                    }
+                    if let Some(acc) = acc {
+                        let dz = if ds_apart { &scr.ds[..] } else { &scr.s[..] };
+                        add_dbias(acc, dz, b, hq, qb, kb, i0, rows, j0, clo, chi);
                     }
                     let mut acc = dq_acc[bhq * nqb + qb].lock().unwrap_or_else(|e| e.into_inner());
                     for (x, y) in acc.iter_mut().zip(&scr.tmp[..rows * dp]) {
@@ -191,6 +274,8 @@ pub(super) fn run<T: HostElement, K: Isa>(shape: &AttnShape, opts: &AttnOptions,
         },
     );
 
+    finish_dbias(dbias, &dbias_tmp);
+
     let dq_ptr = SyncPtr(out.dq.as_mut_ptr());
     (0..batch * h * nqb).into_par_iter().for_each(|t| {
         let (bhq, qb) = (t / nqb, t % nqb);
@@ -207,4 +292,40 @@ pub(super) fn run<T: HostElement, K: Isa>(shape: &AttnShape, opts: &AttnOptions,
             }
         }
     });
+}
+
+/// Adds one tile's dZ (rows `0..rows`, columns `clo..chi`; 0 elsewhere) into the bias entries
+/// it reads, summing over the bias's broadcast dimensions.
+#[allow(clippy::too_many_arguments)]
+fn add_dbias(acc: &BiasAcc, dz: &[f32], b: usize, hq: usize, qb: usize, kb: usize, i0: usize, rows: usize, j0: usize, clo: usize, chi: usize) {
+    let [bb, hb, sqb, skb] = acc.dims;
+    let bh = (if bb == 1 { 0 } else { b }) * hb + if hb == 1 { 0 } else { hq };
+    let lock = (bh * acc.nql + if acc.q_full { qb } else { 0 }) * acc.nkl + if acc.k_full { kb } else { 0 };
+    let _guard = acc.locks[lock].lock().unwrap_or_else(|e| e.into_inner());
+    let base = bh * sqb * skb;
+    for r in 0..rows {
+        let src = &dz[r * BC + clo..r * BC + chi];
+        let row = base + if acc.q_full { (i0 + r) * skb } else { 0 };
+        // SAFETY: row < Bb·Hb·Sqb·Skb entries and, per key, j0 + chi ≤ Sk = Skb; the lock held
+        // is the only one guarding this (bias batch·head, query block, key block) region.
+        unsafe {
+            if acc.k_full {
+                let dst = std::slice::from_raw_parts_mut(acc.ptr.get().add(row + j0 + clo), chi - clo);
+                for (o, x) in dst.iter_mut().zip(src) {
+                    *o += *x;
+                }
+            } else {
+                *acc.ptr.get().add(row) += src.iter().sum::<f32>();
+            }
+        }
+    }
+}
+
+/// Rounds the f32 accumulator into an f16/bf16 `dbias` (an f32 one was accumulated in place).
+fn finish_dbias(dbias: Option<BiasGrad<'_>>, tmp: &[f32]) {
+    match dbias {
+        Some(BiasGrad::F16(x)) => x.iter_mut().zip(tmp).for_each(|(o, v)| *o = half::f16::from_f32(*v)),
+        Some(BiasGrad::BF16(x)) => x.iter_mut().zip(tmp).for_each(|(o, v)| *o = half::bf16::from_f32(*v)),
+        _ => {}
+    }
 }

@@ -10,9 +10,10 @@
 
 use rayon::prelude::*;
 
-use super::kernels::{Gemm, Isa, LOG2_E, PAD};
+use super::extra::Prep;
+use super::kernels::{Gemm, Isa, RowExtra, LOG2_E, PAD};
 use super::{round_up, FwdInputs, FwdOutputs, HostElement, SyncPtr};
-use crate::{AttnOptions, AttnShape, KeyRange};
+use crate::{AttnOptions, AttnShape, Extras, KeyRange};
 
 /// Query rows per task.
 pub(crate) const BR: usize = 64;
@@ -27,9 +28,30 @@ struct Scratch {
     m: Vec<f32>,
     l: Vec<f32>,
     ranges: Vec<KeyRange>,
+    /// One additive row built for the extras (bias conversion, bias + key mask).
+    e: Vec<f32>,
 }
 
-pub(super) fn run<T: HostElement, K: Isa>(shape: &AttnShape, opts: &AttnOptions, inp: FwdInputs<'_, T>, out: FwdOutputs<'_, T>) {
+/// Where the current (batch, head, query block) sits, for the extras' rows.
+struct RowCtx<'p, 'a> {
+    prep: &'p Prep<'a>,
+    b: usize,
+    hq: usize,
+    i0: usize,
+    q_start: i64,
+    alibi2: f32,
+}
+
+pub(super) fn run<T: HostElement, K: Isa>(shape: &AttnShape, opts: &AttnOptions, inp: FwdInputs<'_, T>, out: FwdOutputs<'_, T>, ex: &Extras<'_>) {
+    // Two instances: without optional operands the tile loop is exactly the original one.
+    if ex.is_none() {
+        run_impl::<T, K, false>(shape, opts, inp, out, ex)
+    } else {
+        run_impl::<T, K, true>(shape, opts, inp, out, ex)
+    }
+}
+
+fn run_impl<T: HostElement, K: Isa, const EXT: bool>(shape: &AttnShape, opts: &AttnOptions, inp: FwdInputs<'_, T>, out: FwdOutputs<'_, T>, ex: &Extras<'_>) {
     let AttnShape { batch, seq_q: sq, seq_k: sk, heads: h, kv_heads: hkv, head_dim: d } = *shape;
     if batch == 0 || sq == 0 {
         return;
@@ -64,6 +86,8 @@ pub(super) fn run<T: HostElement, K: Isa>(shape: &AttnShape, opts: &AttnOptions,
             }
         });
 
+    let prep = if EXT { Prep::new(shape, ex) } else { Prep::new(shape, &Extras::default()) };
+    let prep = &prep;
     let nqb = sq.div_ceil(BR);
     let o_ptr = SyncPtr(out.o.as_mut_ptr());
     let lse_ptr = SyncPtr(out.lse.as_mut_ptr());
@@ -76,6 +100,7 @@ pub(super) fn run<T: HostElement, K: Isa>(shape: &AttnShape, opts: &AttnOptions,
             m: vec![0.0; BR],
             l: vec![0.0; BR],
             ranges: Vec::with_capacity(BR),
+            e: if EXT { vec![0.0; BC] } else { Vec::new() },
         },
         |scr, task| {
             let (bhq, qb) = (task / nqb, task % nqb);
@@ -103,8 +128,13 @@ pub(super) fn run<T: HostElement, K: Isa>(shape: &AttnShape, opts: &AttnOptions,
                 scr.o[..rows * dp].fill(0.0);
                 let kt = &kt[bkv * ntk * d * BC..(bkv + 1) * ntk * d * BC];
                 let vp = &vp[bkv * ntk * BC * dp..(bkv + 1) * ntk * BC * dp];
+                let ctx = RowCtx { prep, b, hq, i0, q_start: qst as i64, alibi2: if EXT { prep.alibi2(hq) } else { 0.0 } };
                 for tile in block.start / BC..block.end.div_ceil(BC) {
-                    step::<K>(scr, opts, rows, d, dp, tile, kt, vp);
+                    if EXT && !prep.tile_visible(b, tile) {
+                        // key_mask hides every key of this tile from this batch row.
+                        continue;
+                    }
+                    step::<K, EXT>(scr, opts, rows, d, dp, tile, sk, kt, vp, &ctx);
                 }
             }
 
@@ -134,7 +164,7 @@ pub(super) fn run<T: HostElement, K: Isa>(shape: &AttnShape, opts: &AttnOptions,
 /// One key tile for one block of query rows: `S = Qs·K^T`, the online-softmax update of every
 /// row, then `O += P·V` over the tile's columns that any row sees.
 #[allow(clippy::too_many_arguments)]
-fn step<K: Isa>(scr: &mut Scratch, opts: &AttnOptions, rows: usize, d: usize, dp: usize, tile: usize, kt: &[f32], vp: &[f32]) {
+fn step<K: Isa, const EXT: bool>(scr: &mut Scratch, opts: &AttnOptions, rows: usize, d: usize, dp: usize, tile: usize, sk: usize, kt: &[f32], vp: &[f32], ctx: &RowCtx<'_, '_>) {
     let j0 = tile * BC;
     let kt_tile = &kt[tile * d * BC..(tile + 1) * d * BC];
     // SAFETY: qs is rows×dp (k = d ≤ dp columns read), kt_tile is d×BC, s is BR×BC.
@@ -164,8 +194,20 @@ fn step<K: Isa>(scr: &mut Scratch, opts: &AttnOptions, rows: usize, d: usize, dp
             srow.fill(0.0);
             continue;
         }
-        // SAFETY: srow has BC elements, a < b ≤ BC.
-        let (m_new, sum) = unsafe { K::fwd_row(srow.as_mut_ptr(), BC, a, b, opts.softcap, scr.m[r]) };
+        let (m_new, sum) = if EXT {
+            let i = ctx.i0 + r;
+            let ext: RowExtra = ctx.prep.row(&mut scr.e, ctx.b, ctx.hq, i, ctx.q_start + i as i64, j0, BC.min(sk - j0), ctx.alibi2);
+            // SAFETY: srow and the extras' row have BC elements, a < b ≤ BC.
+            let (m_new, sum) = unsafe { K::fwd_row_ext(srow.as_mut_ptr(), BC, a, b, opts.softcap, scr.m[r], ext) };
+            if m_new == f32::NEG_INFINITY {
+                // Every key seen so far is hidden (key mask / -inf bias): srow is zeros.
+                continue;
+            }
+            (m_new, sum)
+        } else {
+            // SAFETY: srow has BC elements, a < b ≤ BC.
+            unsafe { K::fwd_row(srow.as_mut_ptr(), BC, a, b, opts.softcap, scr.m[r]) }
+        };
         let alpha = (scr.m[r] - m_new).exp2();
         if alpha != 1.0 {
             for x in &mut scr.o[r * dp..(r + 1) * dp] {

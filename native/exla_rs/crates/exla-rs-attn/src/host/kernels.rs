@@ -34,6 +34,21 @@ pub(crate) struct Gemm {
     pub accumulate: bool,
 }
 
+/// What the optional operands add to one row of a score tile, in natural units (the kernels
+/// scale by `log2(e)` themselves): `add[0..n]` (a bias row with hidden keys already `-inf`, or a
+/// key-mask row of `0`/`-inf`; null = none) and the ALiBi term `alibi · |dist0 - c|` for column
+/// `c` (`alibi = -slope·log2(e)`, already in exp2 units; 0 = none, which is exact since a zero slope
+/// adds nothing).
+#[derive(Clone, Copy)]
+pub(crate) struct RowExtra {
+    pub add: *const f32,
+    pub alibi: f32,
+    pub dist0: f32,
+}
+
+/// Column offsets within one vector, for the ALiBi distance.
+pub(crate) static IOTA: [f32; 16] = [0., 1., 2., 3., 4., 5., 6., 7., 8., 9., 10., 11., 12., 13., 14., 15.];
+
 /// The kernels of one instruction set.
 ///
 /// # Safety
@@ -51,12 +66,21 @@ pub(crate) trait Isa: Send + Sync + 'static {
     /// both 0 outside `[a, b)`.
     #[allow(clippy::too_many_arguments)]
     unsafe fn bwd_row(s: *mut f32, dp: *const f32, p: *mut f32, n: usize, a: usize, b: usize, softcap: f32, lse2: f32, di: f32);
+    /// [`Isa::fwd_row`] with the row's [`RowExtra`] added after the softcap. A row whose visible
+    /// scores are all `-inf` (and `m_old = -inf`) comes back as zeros with `(-inf, 0)`.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn fwd_row_ext(s: *mut f32, n: usize, a: usize, b: usize, softcap: f32, m_old: f32, ext: RowExtra) -> (f32, f32);
+    /// [`Isa::bwd_row`] with the row's [`RowExtra`] added to the score before `p`; when `ds` is not
+    /// null it also gets `dZ = p·(dp - di)` (the gradient w.r.t. the post-softcap score, i.e. the
+    /// bias gradient), 0 outside `[a, b)`.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn bwd_row_ext(s: *mut f32, dp: *const f32, p: *mut f32, ds: *mut f32, n: usize, a: usize, b: usize, softcap: f32, lse2: f32, di: f32, ext: RowExtra);
 }
 
 macro_rules! isa_kernels {
     ($modname:ident, $ops:ident, $r_main:literal, $nv_main:literal $(, #[$feat:meta])?) => {
         pub(crate) mod $modname {
-            use super::{Gemm, Isa, LOG2_E};
+            use super::{Gemm, Isa, RowExtra, IOTA, LOG2_E};
             use crate::host::simd::$ops as s;
             use s::{V, L};
 
@@ -150,8 +174,27 @@ macro_rules! isa_kernels {
                 s::div(s::sub(e, s::splat(1.0)), s::add(e, s::splat(1.0)))
             }
 
+            /// `x + log2(e)·add[j..] + alibi·|dist0 - (j..)|` for the vector at column `j`.
             $(#[$feat])?
-            unsafe fn fwd_row(sp: *mut f32, n: usize, a: usize, b: usize, softcap: f32, m_old: f32) -> (f32, f32) {
+            #[inline]
+            unsafe fn add_ext(x: V, j: usize, ext: &RowExtra) -> V {
+                let mut x = x;
+                if !ext.add.is_null() {
+                    x = s::fma(s::load(ext.add.add(j)), s::splat(LOG2_E), x);
+                }
+                if ext.alibi != 0.0 {
+                    let dist = s::sub(s::splat(ext.dist0), s::add(s::load(IOTA.as_ptr()), s::splat(j as f32)));
+                    let abs = s::max(dist, s::sub(s::zero(), dist));
+                    x = s::fma(abs, s::splat(ext.alibi), x);
+                }
+                x
+            }
+
+            /// `EXT = false` is the original row kernel exactly (the extras compile out), so
+            /// calls without optional operands pay nothing for them.
+            $(#[$feat])?
+            #[inline]
+            unsafe fn fwd_row_impl<const EXT: bool>(sp: *mut f32, n: usize, a: usize, b: usize, softcap: f32, m_old: f32, ext: &RowExtra) -> (f32, f32) {
                 // The forward packs q with scale·log2(e), so `s` is already `s2` without softcap.
                 if softcap > 0.0 {
                     // s2 = c·log2(e)·tanh(x / c) with x = s / log2(e).
@@ -159,7 +202,12 @@ macro_rules! isa_kernels {
                     let c2 = s::splat(softcap * LOG2_E);
                     for j in (0..n).step_by(L) {
                         let x = s::load(sp.add(j));
-                        s::store(sp.add(j), s::mul(c2, tanh(s::mul(x, inv))));
+                        let y = s::mul(c2, tanh(s::mul(x, inv)));
+                        s::store(sp.add(j), if EXT { add_ext(y, j, ext) } else { y });
+                    }
+                } else if EXT {
+                    for j in (0..n).step_by(L) {
+                        s::store(sp.add(j), add_ext(s::load(sp.add(j)), j, ext));
                     }
                 }
                 // Mask after the softcap (tanh(-inf) would be finite).
@@ -178,6 +226,14 @@ macro_rules! isa_kernels {
                     m0 = s::max(m0, s::load(sp.add(j)));
                 }
                 let m_new = s::hmax(s::max(m0, m1)).max(m_old);
+                if EXT && m_new == f32::NEG_INFINITY {
+                    // Everything seen so far is -inf (key mask, -inf bias): no weight, and no
+                    // `-inf - -inf` NaN below.
+                    for j in 0..n {
+                        *sp.add(j) = 0.0;
+                    }
+                    return (f32::NEG_INFINITY, 0.0);
+                }
                 // p = 2^(s2 - m) (masked: 2^-inf -> exactly 0) and its sum.
                 let mneg = s::splat(m_new);
                 let mut sum = s::zero();
@@ -190,18 +246,25 @@ macro_rules! isa_kernels {
             }
 
             $(#[$feat])?
+            #[inline]
             #[allow(clippy::too_many_arguments)]
-            unsafe fn bwd_row(sp: *mut f32, dp: *const f32, pp: *mut f32, n: usize, a: usize, b: usize, softcap: f32, lse2: f32, di: f32) {
+            unsafe fn bwd_row_impl<const EXT: bool>(sp: *mut f32, dp: *const f32, pp: *mut f32, dsp: *mut f32, n: usize, a: usize, b: usize, softcap: f32, lse2: f32, di: f32, ext: &RowExtra) {
                 let l2 = s::splat(lse2);
                 let dv = s::splat(di);
+                // A key hidden by the extras has z2 = -inf: exp2 clamps it to exactly 0, so p,
+                // ds and dx are 0 there with no NaN.
                 if softcap > 0.0 {
                     let inv = s::splat(1.0 / softcap);
                     let c2 = s::splat(softcap * LOG2_E);
                     let one = s::splat(1.0);
                     for j in (0..n).step_by(L) {
                         let t = tanh(s::mul(s::load(sp.add(j)), inv));
-                        let p = s::exp2(s::sub(s::mul(c2, t), l2));
+                        let z2 = s::mul(c2, t);
+                        let p = s::exp2(s::sub(if EXT { add_ext(z2, j, ext) } else { z2 }, l2));
                         let ds = s::mul(p, s::sub(s::load(dp.add(j)), dv));
+                        if EXT && !dsp.is_null() {
+                            s::store(dsp.add(j), ds);
+                        }
                         // ds/dx = 1 - (s/c)² = 1 - t².
                         let dx = s::mul(ds, s::sub(one, s::mul(t, t)));
                         s::store(pp.add(j), p);
@@ -210,8 +273,12 @@ macro_rules! isa_kernels {
                 } else {
                     let l2e = s::splat(LOG2_E);
                     for j in (0..n).step_by(L) {
-                        let p = s::exp2(s::sub(s::mul(s::load(sp.add(j)), l2e), l2));
+                        let z2 = s::mul(s::load(sp.add(j)), l2e);
+                        let p = s::exp2(s::sub(if EXT { add_ext(z2, j, ext) } else { z2 }, l2));
                         let ds = s::mul(p, s::sub(s::load(dp.add(j)), dv));
+                        if EXT && !dsp.is_null() {
+                            s::store(dsp.add(j), ds);
+                        }
                         s::store(pp.add(j), p);
                         s::store(sp.add(j), ds);
                     }
@@ -219,7 +286,35 @@ macro_rules! isa_kernels {
                 for j in (0..a).chain(b..n) {
                     *pp.add(j) = 0.0;
                     *sp.add(j) = 0.0;
+                    if EXT && !dsp.is_null() {
+                        *dsp.add(j) = 0.0;
+                    }
                 }
+            }
+
+            const NO_EXT: RowExtra = RowExtra { add: core::ptr::null(), alibi: 0.0, dist0: 0.0 };
+
+            $(#[$feat])?
+            unsafe fn fwd_row(sp: *mut f32, n: usize, a: usize, b: usize, softcap: f32, m_old: f32) -> (f32, f32) {
+                fwd_row_impl::<false>(sp, n, a, b, softcap, m_old, &NO_EXT)
+            }
+
+            $(#[$feat])?
+            #[allow(clippy::too_many_arguments)]
+            unsafe fn fwd_row_ext(sp: *mut f32, n: usize, a: usize, b: usize, softcap: f32, m_old: f32, ext: RowExtra) -> (f32, f32) {
+                fwd_row_impl::<true>(sp, n, a, b, softcap, m_old, &ext)
+            }
+
+            $(#[$feat])?
+            #[allow(clippy::too_many_arguments)]
+            unsafe fn bwd_row(sp: *mut f32, dp: *const f32, pp: *mut f32, n: usize, a: usize, b: usize, softcap: f32, lse2: f32, di: f32) {
+                bwd_row_impl::<false>(sp, dp, pp, core::ptr::null_mut(), n, a, b, softcap, lse2, di, &NO_EXT)
+            }
+
+            $(#[$feat])?
+            #[allow(clippy::too_many_arguments)]
+            unsafe fn bwd_row_ext(sp: *mut f32, dp: *const f32, pp: *mut f32, dsp: *mut f32, n: usize, a: usize, b: usize, softcap: f32, lse2: f32, di: f32, ext: RowExtra) {
+                bwd_row_impl::<true>(sp, dp, pp, dsp, n, a, b, softcap, lse2, di, &ext)
             }
 
             impl Isa for Kernels {
@@ -232,6 +327,14 @@ macro_rules! isa_kernels {
                 #[allow(clippy::too_many_arguments)]
                 unsafe fn bwd_row(s: *mut f32, dp: *const f32, p: *mut f32, n: usize, a: usize, b: usize, softcap: f32, lse2: f32, di: f32) {
                     bwd_row(s, dp, p, n, a, b, softcap, lse2, di)
+                }
+                #[allow(clippy::too_many_arguments)]
+                unsafe fn fwd_row_ext(s: *mut f32, n: usize, a: usize, b: usize, softcap: f32, m_old: f32, ext: RowExtra) -> (f32, f32) {
+                    fwd_row_ext(s, n, a, b, softcap, m_old, ext)
+                }
+                #[allow(clippy::too_many_arguments)]
+                unsafe fn bwd_row_ext(s: *mut f32, dp: *const f32, p: *mut f32, ds: *mut f32, n: usize, a: usize, b: usize, softcap: f32, lse2: f32, di: f32, ext: RowExtra) {
+                    bwd_row_ext(s, dp, p, ds, n, a, b, softcap, lse2, di, ext)
                 }
             }
         }

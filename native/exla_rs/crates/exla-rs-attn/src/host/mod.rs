@@ -9,10 +9,16 @@
 //! - `kernels.rs` + `simd.rs`: the inner loops, instantiated for AVX-512, AVX2+FMA and scalar,
 //!   picked at run time ([`dispatch`]); no `-C target-cpu` needed.
 //!
-//! Scratch is allocated here (O(B·H·S·D), never S×S), so [`workspace_bytes`] is 0.
+//! - `extra.rs`: the optional operands (key mask, bias, ALiBi) as per-row additions; a call
+//!   without them runs the original tile loops (a `const EXT: bool` instance each), so it pays
+//!   nothing for them.
+//!
+//! Scratch is allocated here (O(B·H·S·D) + O(B·Sk), plus an f32 copy of `dbias` when it is
+//! f16/bf16; never S×S beyond what the bias itself holds), so [`workspace_bytes`] is 0.
 
 mod backward;
 mod element;
+mod extra;
 mod forward;
 mod kernels;
 mod simd;
@@ -21,7 +27,7 @@ mod tests;
 
 pub use element::HostElement;
 
-use crate::{AttnError, AttnOptions, AttnShape, ElementType, Pass};
+use crate::{AttnError, AttnOptions, AttnShape, BiasGrad, ElementType, Extras, Pass};
 
 /// Forward operands: `q [B, Sq, H, D]`, `k`/`v` `[B, Sk, Hkv, D]`, `kv_len`/`q_start` `s32[B]`.
 pub struct FwdInputs<'a, T> {
@@ -71,7 +77,19 @@ pub fn forward<T: HostElement>(
     out: FwdOutputs<'_, T>,
     workspace: &mut [u8],
 ) -> Result<(), AttnError> {
-    forward_on(dispatch(), shape, opts, inp, out, workspace)
+    forward_on(dispatch(), shape, opts, inp, &Extras::default(), out, workspace)
+}
+
+/// [`forward`] with the contract's optional operands (key mask, bias, ALiBi slopes).
+pub fn forward_ext<T: HostElement>(
+    shape: &AttnShape,
+    opts: &AttnOptions,
+    inp: FwdInputs<'_, T>,
+    ex: &Extras<'_>,
+    out: FwdOutputs<'_, T>,
+    workspace: &mut [u8],
+) -> Result<(), AttnError> {
+    forward_on(dispatch(), shape, opts, inp, ex, out, workspace)
 }
 
 /// [`forward`] on a given kernel family (tests run every family the CPU has).
@@ -80,10 +98,12 @@ pub(crate) fn forward_on<T: HostElement>(
     shape: &AttnShape,
     opts: &AttnOptions,
     inp: FwdInputs<'_, T>,
+    ex: &Extras<'_>,
     out: FwdOutputs<'_, T>,
     workspace: &mut [u8],
 ) -> Result<(), AttnError> {
     check_common::<T>(shape, opts, inp.kv_len, inp.q_start, workspace, Pass::Forward)?;
+    ex.validate(shape)?;
     let (ql, kl, ll) = lens(shape)?;
     check_len("q", inp.q.len(), ql)?;
     check_len("k", inp.k.len(), kl)?;
@@ -92,10 +112,10 @@ pub(crate) fn forward_on<T: HostElement>(
     check_len("lse", out.lse.len(), ll)?;
     match which {
         #[cfg(target_arch = "x86_64")]
-        Which::Avx512 => forward::run::<T, kernels::avx512::Kernels>(shape, opts, inp, out),
+        Which::Avx512 => forward::run::<T, kernels::avx512::Kernels>(shape, opts, inp, out, ex),
         #[cfg(target_arch = "x86_64")]
-        Which::Avx2 => forward::run::<T, kernels::avx2::Kernels>(shape, opts, inp, out),
-        Which::Scalar => forward::run::<T, kernels::scalar::Kernels>(shape, opts, inp, out),
+        Which::Avx2 => forward::run::<T, kernels::avx2::Kernels>(shape, opts, inp, out, ex),
+        Which::Scalar => forward::run::<T, kernels::scalar::Kernels>(shape, opts, inp, out, ex),
     }
     Ok(())
 }
@@ -108,19 +128,46 @@ pub fn backward<T: HostElement>(
     out: BwdOutputs<'_, T>,
     workspace: &mut [u8],
 ) -> Result<(), AttnError> {
-    backward_on(dispatch(), shape, opts, inp, out, workspace)
+    backward_on(dispatch(), shape, opts, inp, &Extras::default(), out, None, workspace)
+}
+
+/// [`backward`] with the optional operands; `dbias` (shaped and typed like `ex.bias`) receives
+/// the bias gradient, summed over the bias's broadcast dimensions, when given.
+pub fn backward_ext<T: HostElement>(
+    shape: &AttnShape,
+    opts: &AttnOptions,
+    inp: BwdInputs<'_, T>,
+    ex: &Extras<'_>,
+    out: BwdOutputs<'_, T>,
+    dbias: Option<BiasGrad<'_>>,
+    workspace: &mut [u8],
+) -> Result<(), AttnError> {
+    backward_on(dispatch(), shape, opts, inp, ex, out, dbias, workspace)
 }
 
 /// [`backward`] on a given kernel family.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn backward_on<T: HostElement>(
     which: Which,
     shape: &AttnShape,
     opts: &AttnOptions,
     inp: BwdInputs<'_, T>,
+    ex: &Extras<'_>,
     out: BwdOutputs<'_, T>,
+    dbias: Option<BiasGrad<'_>>,
     workspace: &mut [u8],
 ) -> Result<(), AttnError> {
     check_common::<T>(shape, opts, inp.kv_len, inp.q_start, workspace, Pass::Backward)?;
+    ex.validate(shape)?;
+    if let Some(g) = &dbias {
+        let Some(bias) = ex.bias else {
+            return Err(AttnError::invalid("dbias: a bias gradient was asked for without a bias"));
+        };
+        if g.dtype() != bias.data.dtype() {
+            return Err(AttnError::invalid(format!("dbias: must have the bias's type {}, got {}", bias.data.dtype(), g.dtype())));
+        }
+        check_len("dbias", g.len(), bias.data.len())?;
+    }
     let (ql, kl, ll) = lens(shape)?;
     check_len("q", inp.q.len(), ql)?;
     check_len("k", inp.k.len(), kl)?;
@@ -133,10 +180,10 @@ pub(crate) fn backward_on<T: HostElement>(
     check_len("dv", out.dv.len(), kl)?;
     match which {
         #[cfg(target_arch = "x86_64")]
-        Which::Avx512 => backward::run::<T, kernels::avx512::Kernels>(shape, opts, inp, out),
+        Which::Avx512 => backward::run::<T, kernels::avx512::Kernels>(shape, opts, inp, out, ex, dbias),
         #[cfg(target_arch = "x86_64")]
-        Which::Avx2 => backward::run::<T, kernels::avx2::Kernels>(shape, opts, inp, out),
-        Which::Scalar => backward::run::<T, kernels::scalar::Kernels>(shape, opts, inp, out),
+        Which::Avx2 => backward::run::<T, kernels::avx2::Kernels>(shape, opts, inp, out, ex, dbias),
+        Which::Scalar => backward::run::<T, kernels::scalar::Kernels>(shape, opts, inp, out, ex, dbias),
     }
     Ok(())
 }

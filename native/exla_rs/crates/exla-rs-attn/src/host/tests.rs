@@ -2,6 +2,7 @@
 //! predicate directly (not `KeyRange`), on every kernel family the CPU has, all three dtypes.
 
 use super::*;
+use crate::{Bias, BiasData};
 use half::{bf16, f16};
 
 /// splitmix64: a tiny seeded PRNG, enough for test inputs.
@@ -33,12 +34,60 @@ struct Case {
     softcap: f32,
     kv_len: Vec<i32>,
     q_start: Vec<i32>,
+    /// `[B, Sk]`, nonzero = visible.
+    key_mask: Option<Vec<u8>>,
+    /// The bias's dims (each 1 or full); values come from the inputs' seed.
+    bias: Option<[usize; 4]>,
+    /// Put `-inf` into the bias: a whole query row of batch 0 / head 0 (fully masked by the bias)
+    /// and a scatter of single entries.
+    bias_neg_inf: bool,
+    alibi: bool,
 }
 
 impl Case {
     fn new(b: usize, sq: usize, sk: usize, h: usize, hkv: usize, d: usize) -> Self {
-        Self { b, sq, sk, h, hkv, d, wl: -1, wr: -1, softcap: 0.0, kv_len: vec![sk as i32; b], q_start: vec![0; b] }
+        Self {
+            b,
+            sq,
+            sk,
+            h,
+            hkv,
+            d,
+            wl: -1,
+            wr: -1,
+            softcap: 0.0,
+            kv_len: vec![sk as i32; b],
+            q_start: vec![0; b],
+            key_mask: None,
+            bias: None,
+            bias_neg_inf: false,
+            alibi: false,
+        }
     }
+    fn mask(mut self, m: Vec<u8>) -> Self {
+        assert_eq!(m.len(), self.b * self.sk);
+        self.key_mask = Some(m);
+        self
+    }
+    /// Left padding: batch row `b` hides its first `pad[b]` keys.
+    fn left_pad(self, pad: &[usize]) -> Self {
+        let sk = self.sk;
+        let m = pad.iter().flat_map(|&p| (0..sk).map(move |j| u8::from(j >= p))).collect();
+        self.mask(m)
+    }
+    fn bias(mut self, dims: [usize; 4]) -> Self {
+        self.bias = Some(dims);
+        self
+    }
+    fn neg_inf(mut self) -> Self {
+        self.bias_neg_inf = true;
+        self
+    }
+    fn alibi(mut self) -> Self {
+        self.alibi = true;
+        self
+    }
+
     fn win(mut self, wl: i64, wr: i64) -> Self {
         (self.wl, self.wr) = (wl, wr);
         self
@@ -63,7 +112,16 @@ impl Case {
     }
     fn visible(&self, b: usize, i: usize, j: usize) -> bool {
         let (j, p) = (j as i64, self.q_start[b] as i64 + i as i64);
-        j < self.kv_len[b] as i64 && (self.wl < 0 || j >= p - self.wl) && (self.wr < 0 || j <= p + self.wr)
+        j < self.kv_len[b] as i64
+            && (self.wl < 0 || j >= p - self.wl)
+            && (self.wr < 0 || j <= p + self.wr)
+            && self.key_mask.as_ref().is_none_or(|m| m[b * self.sk + j as usize] != 0)
+    }
+    /// Index into the bias (and dbias) of score (b, h, i, j).
+    fn bias_index(&self, b: usize, h: usize, i: usize, j: usize) -> usize {
+        let [bb, hb, sqb, skb] = self.bias.unwrap();
+        let pick = |n: usize, x: usize| if n == 1 { 0 } else { x };
+        ((pick(bb, b) * hb + pick(hb, h)) * sqb + pick(sqb, i)) * skb + pick(skb, j)
     }
 }
 
@@ -96,6 +154,8 @@ struct Inputs {
     k: Vec<f64>,
     v: Vec<f64>,
     d_o: Vec<f64>,
+    bias: Vec<f64>,
+    slopes: Vec<f32>,
 }
 
 /// Random inputs, already rounded to `T` so the reference sees exactly what the kernel sees.
@@ -103,7 +163,20 @@ fn inputs<T: HostElement>(c: &Case, seed: u64) -> Inputs {
     let mut rng = Rng(seed);
     let s = c.shape();
     let mut gen = |n: usize, amp: f32| -> Vec<f64> { (0..n).map(|_| T::from_f32(rng.uniform(amp)).to_f32() as f64).collect() };
-    Inputs { q: gen(s.q_len(), 2.0), k: gen(s.kv_len(), 2.0), v: gen(s.kv_len(), 1.0), d_o: gen(s.q_len(), 1.0) }
+    let (q, k, v, d_o) = (gen(s.q_len(), 2.0), gen(s.kv_len(), 2.0), gen(s.kv_len(), 1.0), gen(s.q_len(), 1.0));
+    let mut bias = c.bias.map_or(Vec::new(), |dims| gen(dims.iter().product(), 2.0));
+    if c.bias_neg_inf && !bias.is_empty() {
+        // Row 0 of (batch 0, head 0) sees only -inf, plus every 7th entry.
+        for j in 0..c.sk {
+            let n = c.bias_index(0, 0, 0, j);
+            bias[n] = f64::NEG_INFINITY;
+        }
+        for n in (3..bias.len()).step_by(7) {
+            bias[n] = f64::NEG_INFINITY;
+        }
+    }
+    let slopes = if c.alibi { (0..c.h).map(|h| 0.5f32.powi(h as i32 + 1) * if h == 1 { -1.0 } else { 1.0 }).collect() } else { Vec::new() };
+    Inputs { q, k, v, d_o, bias, slopes }
 }
 
 fn cast<T: HostElement>(x: &[f64]) -> Vec<T> {
@@ -117,6 +190,7 @@ struct Reference {
     dq: Vec<f64>,
     dk: Vec<f64>,
     dv: Vec<f64>,
+    dbias: Vec<f64>,
 }
 
 fn reference(c: &Case, x: &Inputs) -> Reference {
@@ -132,6 +206,7 @@ fn reference(c: &Case, x: &Inputs) -> Reference {
         dq: vec![0.0; x.q.len()],
         dk: vec![0.0; x.k.len()],
         dv: vec![0.0; x.k.len()],
+        dbias: vec![0.0; x.bias.len()],
     };
     for b in 0..c.b {
         for hh in 0..h {
@@ -149,10 +224,24 @@ fn reference(c: &Case, x: &Inputs) -> Reference {
                         if cap > 0.0 { cap * (xv / cap).tanh() } else { xv }
                     })
                     .collect();
-                let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-                let lse = m + s.iter().map(|v| (v - m).exp()).sum::<f64>().ln();
+                // z = s + bias + alibi (after the softcap).
+                let z: Vec<f64> = js
+                    .iter()
+                    .zip(&s)
+                    .map(|(&j, &sv)| {
+                        let bias = if c.bias.is_some() { x.bias[c.bias_index(b, hh, i, j)] } else { 0.0 };
+                        let pos = c.q_start[b] as f64 + i as f64;
+                        let alibi = if c.alibi { -(x.slopes[hh] as f64) * (pos - j as f64).abs() } else { 0.0 };
+                        sv + bias + alibi
+                    })
+                    .collect();
+                let m = z.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                if m == f64::NEG_INFINITY {
+                    continue;
+                }
+                let lse = m + z.iter().map(|v| (v - m).exp()).sum::<f64>().ln();
                 r.lse[(b * h + hh) * sq + i] = lse;
-                let p: Vec<f64> = s.iter().map(|v| (v - lse).exp()).collect();
+                let p: Vec<f64> = z.iter().map(|v| (v - lse).exp()).collect();
                 let dov = &x.d_o[qi(b, i, hh)..qi(b, i, hh) + d];
                 let mut o = vec![0.0; d];
                 let mut dpv = vec![0.0; js.len()];
@@ -167,6 +256,9 @@ fn reference(c: &Case, x: &Inputs) -> Reference {
                 r.o[qi(b, i, hh)..qi(b, i, hh) + d].copy_from_slice(&o);
                 for (n, &j) in js.iter().enumerate() {
                     let ds = p[n] * (dpv[n] - delta);
+                    if c.bias.is_some() {
+                        r.dbias[c.bias_index(b, hh, i, j)] += ds;
+                    }
                     let dx = if cap > 0.0 { ds * (1.0 - (s[n] / cap).powi(2)) } else { ds };
                     for t in 0..d {
                         r.dq[qi(b, i, hh) + t] += scale * dx * x.k[ki(b, j, kh) + t];
@@ -210,11 +302,19 @@ fn check_lse(what: &str, got: &[f32], want: &[f64], tol: f64) {
     }
 }
 
-fn run_case<T: HostElement>(which: Which, c: &Case, tol: f64, seed: u64) {
+fn run_case<T: BiasOf>(which: Which, c: &Case, tol: f64, seed: u64) {
     let x = inputs::<T>(c, seed);
     let want = reference(c, &x);
     let (shape, opts) = (c.shape(), c.opts());
     let (q, k, v, d_o) = (cast::<T>(&x.q), cast::<T>(&x.k), cast::<T>(&x.v), cast::<T>(&x.d_o));
+    // The bias in the kernel's type (rounded like the inputs); dbias starts as garbage.
+    let bias_t: Vec<T> = cast::<T>(&x.bias);
+    let ex = Extras {
+        key_mask: c.key_mask.as_deref(),
+        bias: c.bias.map(|dims| Bias { data: T::bias_data(&bias_t), dims }),
+        alibi_slopes: if c.alibi { Some(&x.slopes[..]) } else { None },
+    };
+    let mut dbias = vec![T::from_f32(7.0); bias_t.len()];
     // Outputs start as garbage so a missed write shows.
     let mut o = vec![T::from_f32(7.0); q.len()];
     let mut lse = vec![7.0f32; shape.lse_len()];
@@ -223,6 +323,7 @@ fn run_case<T: HostElement>(which: Which, c: &Case, tol: f64, seed: u64) {
         &shape,
         &opts,
         FwdInputs { q: &q, k: &k, v: &v, kv_len: &c.kv_len, q_start: &c.q_start },
+        &ex,
         FwdOutputs { o: &mut o, lse: &mut lse },
         &mut [],
     )
@@ -240,7 +341,9 @@ fn run_case<T: HostElement>(which: Which, c: &Case, tol: f64, seed: u64) {
         &shape,
         &opts,
         BwdInputs { q: &q, k: &k, v: &v, kv_len: &c.kv_len, q_start: &c.q_start, o: &o, lse: &lse, d_o: &d_o },
+        &ex,
         BwdOutputs { dq: &mut dq, dk: &mut dk, dv: &mut dv },
+        c.bias.map(|_| T::bias_grad(&mut dbias)),
         &mut [],
     )
     .unwrap();
@@ -249,6 +352,158 @@ fn run_case<T: HostElement>(which: Which, c: &Case, tol: f64, seed: u64) {
     check(&format!("dq {tag}"), &f(&dq), &want.dq, 2.0 * tol);
     check(&format!("dk {tag}"), &f(&dk), &want.dk, 2.0 * tol);
     check(&format!("dv {tag}"), &f(&dv), &want.dv, 2.0 * tol);
+    if let Some([_, _, _, skb]) = c.bias {
+        // Sums over broadcast dims add up more rounding: allow 4x. A bias shared by all keys
+        // (Skb = 1) has dbias = Σ_j dZ = 0 analytically (softmax ignores a per-row shift), so
+        // what the kernel returns there is the rounding of that many rows' cancellation: judge
+        // it against a floor that grows with the rows summed into each entry.
+        let got = f(&dbias);
+        if skb == 1 {
+            let rows = c.b * c.h * c.sq / (want.dbias.len() / c.bias.unwrap()[3]).max(1);
+            let err = got.iter().zip(&want.dbias).map(|(&g, &w)| (g as f64 - w).abs()).fold(0.0, f64::max);
+            assert!(err <= 4.0 * tol * 1e-2 * rows as f64, "dbias {tag}: abs error {err:e} over {rows} rows");
+        } else {
+            check(&format!("dbias {tag}"), &got, &want.dbias, 4.0 * tol);
+        }
+    }
+    // Fully masked rows: lse -inf, o and dq exactly 0.
+    for b in 0..c.b {
+        for hh in 0..c.h {
+            for i in 0..c.sq {
+                if want.lse[(b * c.h + hh) * c.sq + i] == f64::NEG_INFINITY {
+                    let at = ((b * c.sq + i) * c.h + hh) * c.d;
+                    assert!(of[at..at + c.d].iter().all(|&v| v == 0.0), "o of a fully masked row {tag}");
+                    assert!(f(&dq[at..at + c.d]).iter().all(|&v| v == 0.0), "dq of a fully masked row {tag}");
+                }
+            }
+        }
+    }
+}
+
+/// Ties the test's element type to the bias views of the same type.
+trait BiasOf: HostElement {
+    fn bias_data(x: &[Self]) -> BiasData<'_>;
+    fn bias_grad(x: &mut [Self]) -> BiasGrad<'_>;
+}
+impl BiasOf for f32 {
+    fn bias_data(x: &[Self]) -> BiasData<'_> {
+        BiasData::F32(x)
+    }
+    fn bias_grad(x: &mut [Self]) -> BiasGrad<'_> {
+        BiasGrad::F32(x)
+    }
+}
+impl BiasOf for f16 {
+    fn bias_data(x: &[Self]) -> BiasData<'_> {
+        BiasData::F16(x)
+    }
+    fn bias_grad(x: &mut [Self]) -> BiasGrad<'_> {
+        BiasGrad::F16(x)
+    }
+}
+impl BiasOf for bf16 {
+    fn bias_data(x: &[Self]) -> BiasData<'_> {
+        BiasData::BF16(x)
+    }
+    fn bias_grad(x: &mut [Self]) -> BiasGrad<'_> {
+        BiasGrad::BF16(x)
+    }
+}
+
+/// Cases with the optional operands, alone and with every older option.
+fn ext_cases() -> Vec<Case> {
+    let holes = |b: usize, sk: usize| (0..b * sk).map(|n| u8::from(n % 5 != 2 && n % 11 != 0)).collect::<Vec<u8>>();
+    vec![
+        // key_mask: left padding (batch 1 hides 70 of 100 keys: whole tiles skipped), holes, with causal / window / kv_len / GQA.
+        Case::new(2, 37, 100, 4, 2, 8).left_pad(&[3, 70]),
+        Case::new(2, 70, 70, 2, 2, 64).win(-1, 0).mask(holes(2, 70)),
+        Case::new(3, 21, 140, 2, 2, 8).kv(&[0, 130, 140]).left_pad(&[0, 65, 139]).win(20, 3).qs(&[100, 110, 115]),
+        // An all-zero mask row: batch 1 fully masked.
+        Case::new(2, 9, 30, 2, 1, 16).mask((0..60).map(|n| u8::from(n < 30 && n % 2 == 0)).collect()),
+        // bias: every broadcast pattern, Sq != Sk, GQA, softcap.
+        Case::new(2, 33, 45, 4, 2, 8).bias([2, 4, 33, 45]),
+        Case::new(2, 33, 70, 4, 2, 8).bias([1, 4, 33, 70]).cap(3.0),
+        Case::new(2, 33, 70, 4, 1, 8).bias([2, 1, 33, 70]).win(-1, 0).qs(&[37, 37]),
+        Case::new(2, 65, 66, 2, 2, 64).bias([1, 1, 65, 66]),
+        Case::new(2, 20, 40, 2, 2, 8).bias([1, 2, 1, 40]),
+        Case::new(2, 20, 40, 2, 2, 8).bias([2, 1, 20, 1]).cap(2.0),
+        Case::new(1, 20, 40, 3, 3, 8).bias([1, 1, 1, 1]),
+        // -inf bias: a row fully masked by the bias, scattered -inf entries.
+        Case::new(2, 30, 50, 2, 2, 8).bias([1, 2, 30, 50]).neg_inf(),
+        Case::new(1, 30, 50, 2, 1, 8).bias([1, 1, 30, 50]).neg_inf().win(-1, 0).qs(&[20]).cap(4.0),
+        // ALiBi (slopes of both signs), with causal, q_start, window, softcap, GQA.
+        Case::new(1, 40, 40, 4, 2, 8).alibi(),
+        Case::new(2, 33, 100, 4, 1, 32).alibi().win(-1, 0).qs(&[67, -3]),
+        Case::new(1, 66, 90, 2, 2, 64).alibi().win(10, 5).cap(5.0).kv(&[80]),
+        // Everything at once.
+        Case::new(3, 50, 131, 6, 2, 16).left_pad(&[0, 40, 130]).bias([1, 6, 50, 131]).alibi().win(64, 0).cap(10.0).kv(&[131, 120, 100]).qs(&[81, 70, 60]),
+        Case::new(2, 17, 70, 4, 2, 256).mask(holes(2, 70)).bias([2, 1, 1, 70]).neg_inf().alibi().win(-1, 0).qs(&[53, 10]),
+    ]
+}
+
+#[test]
+fn extras_f32_every_isa() {
+    for which in available() {
+        for (n, c) in ext_cases().iter().enumerate() {
+            run_case::<f32>(which, c, 1e-4, 5000 + n as u64);
+        }
+    }
+}
+
+#[test]
+fn extras_f16_bf16() {
+    for (n, c) in ext_cases().iter().enumerate() {
+        run_case::<f16>(dispatch(), c, 5e-3, 6000 + n as u64);
+        run_case::<bf16>(dispatch(), c, 3e-2, 7000 + n as u64);
+    }
+}
+
+/// The reference's dbias (and, with the extras on, dq/dk/dv) against finite differences.
+#[test]
+fn reference_bias_gradient_matches_finite_differences() {
+    for c in [
+        Case::new(1, 5, 7, 4, 2, 3).win(3, 1).cap(2.0).qs(&[1]).kv(&[6]).bias([1, 4, 5, 7]).alibi().mask(vec![1, 0, 1, 1, 1, 1, 1]),
+        Case::new(2, 4, 6, 2, 1, 3).bias([2, 1, 1, 6]).cap(1.5),
+        Case::new(2, 4, 6, 2, 2, 3).bias([1, 2, 4, 1]),
+    ] {
+        let x = inputs::<f32>(&c, 9);
+        let r = reference(&c, &x);
+        let loss = |bias: &[f64]| -> f64 {
+            let y = Inputs { q: x.q.clone(), k: x.k.clone(), v: x.v.clone(), d_o: x.d_o.clone(), bias: bias.to_vec(), slopes: x.slopes.clone() };
+            reference(&c, &y).o.iter().zip(&x.d_o).map(|(a, b)| a * b).sum()
+        };
+        let eps = 1e-6;
+        for idx in 0..x.bias.len() {
+            let (mut bp, mut bm) = (x.bias.clone(), x.bias.clone());
+            bp[idx] += eps;
+            bm[idx] -= eps;
+            let fd = (loss(&bp) - loss(&bm)) / (2.0 * eps);
+            assert!((fd - r.dbias[idx]).abs() < 1e-6 * (1.0 + fd.abs()), "{c:?} dbias[{idx}]: fd {fd} analytic {}", r.dbias[idx]);
+        }
+    }
+}
+
+#[test]
+fn extras_are_validated() {
+    let c = Case::new(2, 8, 9, 4, 2, 8);
+    let (shape, opts) = (c.shape(), c.opts());
+    let q = vec![0.5f32; shape.q_len()];
+    let k = vec![0.5f32; shape.kv_len()];
+    let mut o = vec![0f32; shape.q_len()];
+    let mut lse = vec![0f32; shape.lse_len()];
+    let bias = vec![0f32; 2 * 4 * 8 * 9];
+    let mask = vec![1u8; 2 * 9];
+    let slopes = vec![0.5f32; 4];
+    let mut run = |ex: Extras<'_>| forward_ext(&shape, &opts, FwdInputs { q: &q, k: &k, v: &k, kv_len: &c.kv_len, q_start: &c.q_start }, &ex, FwdOutputs { o: &mut o, lse: &mut lse }, &mut []);
+    let expect = |r: Result<(), AttnError>, name: &str| match r {
+        Err(AttnError::InvalidArgument(m)) => assert!(m.contains(name), "{m:?} should name {name}"),
+        other => panic!("expected InvalidArgument naming {name}, got {other:?}"),
+    };
+    expect(run(Extras { key_mask: Some(&mask[1..]), ..Default::default() }), "key_mask");
+    expect(run(Extras { alibi_slopes: Some(&slopes[1..]), ..Default::default() }), "alibi_slopes");
+    expect(run(Extras { bias: Some(Bias { data: BiasData::F32(&bias), dims: [2, 4, 8, 3] }), ..Default::default() }), "bias");
+    expect(run(Extras { bias: Some(Bias { data: BiasData::F32(&bias[1..]), dims: [2, 4, 8, 9] }), ..Default::default() }), "bias");
+    run(Extras { key_mask: Some(&mask), bias: Some(Bias { data: BiasData::F32(&bias), dims: [2, 4, 8, 9] }), alibi_slopes: Some(&slopes) }).unwrap();
 }
 
 #[test]
@@ -293,8 +548,8 @@ fn reference_backward_matches_finite_differences() {
     for which in 0..3 {
         let n = if which == 0 { x.q.len() } else { x.k.len() };
         for idx in 0..n {
-            let mut xp = Inputs { q: x.q.clone(), k: x.k.clone(), v: x.v.clone(), d_o: x.d_o.clone() };
-            let mut xm = Inputs { q: x.q.clone(), k: x.k.clone(), v: x.v.clone(), d_o: x.d_o.clone() };
+            let mut xp = Inputs { q: x.q.clone(), k: x.k.clone(), v: x.v.clone(), d_o: x.d_o.clone(), bias: x.bias.clone(), slopes: x.slopes.clone() };
+            let mut xm = Inputs { q: x.q.clone(), k: x.k.clone(), v: x.v.clone(), d_o: x.d_o.clone(), bias: x.bias.clone(), slopes: x.slopes.clone() };
             let (vp, vm, an) = match which {
                 0 => (&mut xp.q, &mut xm.q, r.dq[idx]),
                 1 => (&mut xp.k, &mut xm.k, r.dk[idx]),
