@@ -2,14 +2,57 @@
 //! Every malformed call becomes INVALID_ARGUMENT naming the operand (index and name) and what
 //! was expected; a valid call the platform cannot run becomes UNIMPLEMENTED.
 
-use exla_rs_attn::{AttnError, AttnOptions, AttnShape, ElementType, Pass, Platform};
-use xla_ffi::{Buffer, CallFrame, DataType, ErrorCode, FfiError};
+use exla_rs_attn::{extras, AttnError, AttnOptions, AttnShape, ElementType, Pass, Platform};
+use xla_ffi::{Attr, Buffer, CallFrame, DataType, ErrorCode, FfiError};
 
-use crate::workspace::platform_workspace;
+use crate::workspace::{features, platform_workspace, FEATURE_ALIBI, FEATURE_BIAS, FEATURE_BIAS_GRAD, FEATURE_KEY_MASK};
 
-/// Operand names in contract order, for messages.
+/// Operand names in contract order, for messages (the optional ones follow, see [`Extras`]).
 pub const FWD_OPERANDS: [&str; 5] = ["q", "k", "v", "kv_len", "q_start"];
 pub const BWD_OPERANDS: [&str; 8] = ["q", "k", "v", "kv_len", "q_start", "o", "lse", "do"];
+
+/// The optional operands, in their fixed order, with the attribute that announces each.
+pub const OPTIONAL_OPERANDS: [(&str, &str); 3] = [("has_key_mask", "key_mask"), ("has_bias", "bias"), ("has_alibi", "alibi_slopes")];
+
+/// The optional operands of a call, validated against its shape.
+#[derive(Default)]
+pub struct Extras<'a> {
+    /// `[B, Sk]` of an integer or pred type, nonzero = visible.
+    pub key_mask: Option<Buffer<'a>>,
+    /// `[Bb, Hb, Sqb, Skb]`, each 1 or full, f32/f16/bf16.
+    pub bias: Option<Buffer<'a>>,
+    /// `f32[H]`.
+    pub alibi_slopes: Option<Buffer<'a>>,
+    /// Backward only: the call returns `dbias` after `dv`.
+    pub bias_grad: bool,
+}
+
+impl Extras<'_> {
+    pub fn is_none(&self) -> bool {
+        self.key_mask.is_none() && self.bias.is_none() && self.alibi_slopes.is_none()
+    }
+
+    /// The contract's feature bits this call uses (see `exla_rs_flash_attn_features`).
+    pub fn features(&self) -> u32 {
+        let mut f = 0;
+        if self.key_mask.is_some() {
+            f |= FEATURE_KEY_MASK;
+        }
+        if self.bias.is_some() {
+            f |= FEATURE_BIAS;
+        }
+        if self.alibi_slopes.is_some() {
+            f |= FEATURE_ALIBI;
+        }
+        if self.bias_grad {
+            f |= FEATURE_BIAS_GRAD;
+        }
+        f
+    }
+}
+
+/// Integer (or pred) element types a key mask may have.
+const MASK_TYPES: [i32; 9] = [1, 2, 3, 4, 5, 6, 7, 8, 9];
 
 /// The operands every call shares, validated.
 pub struct Common<'a> {
@@ -21,6 +64,7 @@ pub struct Common<'a> {
     pub v: Buffer<'a>,
     pub kv_len: Buffer<'a>,
     pub q_start: Buffer<'a>,
+    pub extras: Extras<'a>,
 }
 
 /// A validated forward call.
@@ -40,6 +84,8 @@ pub struct BwdCall<'a> {
     pub dq: Buffer<'a>,
     pub dk: Buffer<'a>,
     pub dv: Buffer<'a>,
+    /// Iff `bias_grad`: shaped and typed like the bias.
+    pub dbias: Option<Buffer<'a>>,
     pub workspace: Option<Buffer<'a>>,
 }
 
@@ -80,12 +126,104 @@ fn rank4(target: &str, what: &str, b: &Buffer<'_>, layout: &str) -> Result<[usiz
     Ok([b.dims[0] as usize, b.dims[1] as usize, b.dims[2] as usize, b.dims[3] as usize])
 }
 
-fn operand_count(target: &str, frame: &CallFrame<'_>, names: &[&str]) -> Result<(), FfiError> {
-    if frame.arg_count() != names.len() {
+/// A presence attribute: absent = false; `pred`, or `s64` 0/1.
+fn flag(target: &str, frame: &CallFrame<'_>, name: &str) -> Result<bool, FfiError> {
+    match frame.attrs().get(name) {
+        None => Ok(false),
+        // SAFETY: XLA stores a scalar of the given dtype at `value` (1 byte for PRED, 8 for S64).
+        Some(Attr::Scalar { dtype, value }) if dtype == DataType::PRED && !value.is_null() => Ok(unsafe { *(value as *const u8) } != 0),
+        Some(Attr::Scalar { dtype, value }) if dtype == DataType::S64 && !value.is_null() => {
+            match unsafe { std::ptr::read_unaligned(value as *const i64) } {
+                0 => Ok(false),
+                1 => Ok(true),
+                other => Err(invalid(target, format!("attribute `{name}` must be true/false (pred) or an s64 0/1, got {other}"))),
+            }
+        }
+        Some(other) => Err(invalid(target, format!("attribute `{name}` must be a pred scalar (true/false), got a {}", other.kind()))),
+    }
+}
+
+/// The operand list the presence attributes announce: the fixed `names`, then the present
+/// optional ones in contract order. Checks the call has exactly those.
+fn operand_count(target: &str, frame: &CallFrame<'_>, names: &[&str]) -> Result<[bool; 3], FfiError> {
+    let mut present = [false; 3];
+    let mut all: Vec<&str> = names.to_vec();
+    for (n, (attr, operand)) in OPTIONAL_OPERANDS.iter().enumerate() {
+        present[n] = flag(target, frame, attr)?;
+        if present[n] {
+            all.push(operand);
+        }
+    }
+    if frame.arg_count() != all.len() {
         return Err(invalid(
             target,
-            format!("expected {} operands ({}), got {}", names.len(), names.join(", "), frame.arg_count()),
+            format!(
+                "expected {} operands ({}) as the attributes has_key_mask/has_bias/has_alibi announce, got {}",
+                all.len(),
+                all.join(", "),
+                frame.arg_count()
+            ),
         ));
+    }
+    Ok(present)
+}
+
+/// The optional operands from index `first` on, in contract order, validated against `c`.
+fn extras<'a>(target: &str, frame: &CallFrame<'a>, first: usize, present: [bool; 3], c: &Common<'a>) -> Result<Extras<'a>, FfiError> {
+    let s = c.shape;
+    let mut ex = Extras::default();
+    let mut at = first;
+    if present[0] {
+        let m = frame.arg(at)?;
+        let what = format!("operand {at} `key_mask`");
+        let dims_ok = m.rank() == 2 && m.dims[0] >= 0 && m.dims[0] as usize == s.batch && m.dims[1] >= 0 && m.dims[1] as usize == s.seq_k;
+        if !MASK_TYPES.contains(&m.dtype.0) || !dims_ok {
+            return Err(invalid(
+                target,
+                format!("{what} must be [B, Sk] = [{}, {}] of an integer or pred type (nonzero = visible), got {}", s.batch, s.seq_k, m.describe()),
+            ));
+        }
+        ex.key_mask = Some(m);
+        at += 1;
+    }
+    if present[1] {
+        let b = frame.arg(at)?;
+        let what = format!("operand {at} `bias`");
+        if b.rank() != 4 || b.dims.iter().any(|&d| d < 0) {
+            return Err(invalid(target, format!("{what} must have rank 4 (broadcastable to [B, H, Sq, Sk]), got {}", b.describe())));
+        }
+        if ElementType::from_xla_code(b.dtype.0).is_none() {
+            return Err(invalid(target, format!("{what} must be f32, f16 or bf16, got {}", b.describe())));
+        }
+        let dims = [b.dims[0] as usize, b.dims[1] as usize, b.dims[2] as usize, b.dims[3] as usize];
+        extras::bias_dims_ok(&s, &dims).map_err(|m| invalid(target, format!("{what}: {m}")))?;
+        ex.bias = Some(b);
+        at += 1;
+    }
+    if present[2] {
+        let a = frame.arg(at)?;
+        expect_exact(target, &format!("operand {at} `alibi_slopes`"), &a, DataType::F32, &[s.heads], "(one ALiBi slope per query head)")?;
+        ex.alibi_slopes = Some(a);
+    }
+    Ok(ex)
+}
+
+/// UNIMPLEMENTED when `platform` lacks a feature the call uses (after validation, so a
+/// malformed call is still INVALID_ARGUMENT everywhere).
+fn check_features(target: &str, platform: Platform, ex: &Extras<'_>) -> Result<(), FfiError> {
+    let missing = ex.features() & !features(platform);
+    if missing != 0 {
+        let names: Vec<&str> = [(FEATURE_KEY_MASK, "key_mask"), (FEATURE_BIAS, "bias"), (FEATURE_ALIBI, "alibi_slopes"), (FEATURE_BIAS_GRAD, "bias_grad")]
+            .iter()
+            .filter(|(bit, _)| missing & bit != 0)
+            .map(|(_, n)| *n)
+            .collect();
+        return Err(FfiError::unimplemented(format!(
+            "{target}: {} not supported on {platform:?} yet (exla_rs_flash_attn_features({}) = {}); use the Nx fallback",
+            names.join(", "),
+            platform as i32,
+            features(platform)
+        )));
     }
     Ok(())
 }
@@ -136,7 +274,7 @@ fn common<'a>(target: &str, frame: &CallFrame<'a>) -> Result<Common<'a>, FfiErro
     expect_exact(target, "operand 3 `kv_len`", &kv_len, DataType::S32, &[b], "(valid keys per batch row)")?;
     expect_exact(target, "operand 4 `q_start`", &q_start, DataType::S32, &[b], "(key position of query 0 per batch row)")?;
     let opts = options(target, frame)?;
-    Ok(Common { dtype, shape, opts, q, k, v, kv_len, q_start })
+    Ok(Common { dtype, shape, opts, q, k, v, kv_len, q_start, extras: Extras::default() })
 }
 
 /// The optional trailing workspace result at `index`, checked against what `platform` asks for.
@@ -179,9 +317,11 @@ fn workspace<'a>(
 }
 
 pub fn forward<'a>(target: &str, frame: &CallFrame<'a>, platform: Platform) -> Result<FwdCall<'a>, FfiError> {
-    operand_count(target, frame, &FWD_OPERANDS)?;
-    let c = common(target, frame)?;
+    let present = operand_count(target, frame, &FWD_OPERANDS)?;
+    let mut c = common(target, frame)?;
+    c.extras = extras(target, frame, FWD_OPERANDS.len(), present, &c)?;
     let ws = workspace(target, frame, 2, Pass::Forward, platform, &c, "o, lse")?;
+    check_features(target, platform, &c.extras)?;
     let s = c.shape;
     let o = frame.ret(0)?;
     expect_exact(target, "result 0 `o`", &o, c.q.dtype, &[s.batch, s.seq_q, s.heads, s.head_dim], "(like q)")?;
@@ -191,9 +331,16 @@ pub fn forward<'a>(target: &str, frame: &CallFrame<'a>, platform: Platform) -> R
 }
 
 pub fn backward<'a>(target: &str, frame: &CallFrame<'a>, platform: Platform) -> Result<BwdCall<'a>, FfiError> {
-    operand_count(target, frame, &BWD_OPERANDS)?;
-    let c = common(target, frame)?;
-    let ws = workspace(target, frame, 3, Pass::Backward, platform, &c, "dq, dk, dv")?;
+    let present = operand_count(target, frame, &BWD_OPERANDS)?;
+    let mut c = common(target, frame)?;
+    c.extras = extras(target, frame, BWD_OPERANDS.len(), present, &c)?;
+    c.extras.bias_grad = flag(target, frame, "bias_grad")?;
+    if c.extras.bias_grad && c.extras.bias.is_none() {
+        return Err(invalid(target, "attribute `bias_grad` asks for dbias but the call has no bias (has_bias is false)".into()));
+    }
+    let nres = 3 + usize::from(c.extras.bias_grad);
+    let names = if c.extras.bias_grad { "dq, dk, dv, dbias" } else { "dq, dk, dv" };
+    let ws = workspace(target, frame, nres, Pass::Backward, platform, &c, names)?;
     let s = c.shape;
     let q_dims = [s.batch, s.seq_q, s.heads, s.head_dim];
     let kv_dims = [s.batch, s.seq_k, s.kv_heads, s.head_dim];
@@ -209,5 +356,15 @@ pub fn backward<'a>(target: &str, frame: &CallFrame<'a>, platform: Platform) -> 
     expect_exact(target, "result 1 `dk`", &dk, c.q.dtype, &kv_dims, "(like k)")?;
     let dv = frame.ret(2)?;
     expect_exact(target, "result 2 `dv`", &dv, c.q.dtype, &kv_dims, "(like v)")?;
-    Ok(BwdCall { common: c, o, lse, d_o, dq, dk, dv, workspace: ws })
+    let dbias = match (&c.extras.bias, c.extras.bias_grad) {
+        (Some(bias), true) => {
+            let r = frame.ret(3)?;
+            let dims: Vec<usize> = bias.dims.iter().map(|&d| d as usize).collect();
+            expect_exact(target, "result 3 `dbias`", &r, bias.dtype, &dims, "(shaped and typed like the bias)")?;
+            Some(r)
+        }
+        _ => None,
+    };
+    check_features(target, platform, &c.extras)?;
+    Ok(BwdCall { common: c, o, lse, d_o, dq, dk, dv, dbias, workspace: ws })
 }

@@ -1,7 +1,7 @@
 //! exla_rs's XLA FFI handlers and the plain handler library `libexla_rs_xla.so`.
 //!
 //! Layers: [`decode`] checks a call frame against the custom-call contract
-//! (`shared/design/flash-attention-contract.md`) and names the offending operand; [`host`] and
+//! (`docs/flash-attention-contract.md`) and names the offending operand; [`host`] and
 //! [`cuda`] run the validated call on their platform; [`targets`] lists what we register;
 //! [`workspace`] answers `exla_rs_flash_attn_workspace_bytes`. The `#[no_mangle]` exports below
 //! are the library's whole C surface; the NIF links this crate as an rlib and registers the same
@@ -14,7 +14,7 @@ pub mod targets;
 pub mod workspace;
 
 pub use targets::{Target, FFI_API_VERSION, TARGETS};
-pub use workspace::workspace_bytes;
+pub use workspace::{features, workspace_bytes};
 
 use xla_ffi::sys::{XLA_FFI_CallFrame, XLA_FFI_Error};
 
@@ -71,4 +71,11 @@ pub extern "C" fn exla_rs_flash_attn_workspace_bytes(
 ) -> i64 {
     // Never unwind into C: a panic here (there should be none) reads as "unsupported".
     std::panic::catch_unwind(|| workspace_bytes(pass, platform, dtype, b, sq, sk, h, hkv, d)).unwrap_or(-1)
+}
+
+/// The optional features (bit 0 key_mask, 1 bias, 2 alibi_slopes, 3 bias_grad) the handlers of
+/// `platform` (0 Host, 1 CUDA) run; -1 for an unknown platform code.
+#[no_mangle]
+pub extern "C" fn exla_rs_flash_attn_features(platform: i32) -> i32 {
+    exla_rs_attn::Platform::from_code(platform).map_or(-1, |p| features(p) as i32)
 }

@@ -31,3 +31,19 @@ pub fn platform_workspace(pass: Pass, platform: Platform, dtype: ElementType, sh
         Platform::Cuda => exla_rs_cuda::workspace_requirement(pass, dtype, shape),
     }
 }
+
+/// Feature bits of `exla_rs_flash_attn_features` (docs/flash-attention-contract.md).
+pub const FEATURE_KEY_MASK: u32 = 1;
+pub const FEATURE_BIAS: u32 = 2;
+pub const FEATURE_ALIBI: u32 = 4;
+pub const FEATURE_BIAS_GRAD: u32 = 8;
+
+/// The optional features `platform`'s handlers run. CUDA has none yet: its kernels take only the
+/// base contract, so a call with a key mask, bias or ALiBi answers UNIMPLEMENTED there and the
+/// Elixir layer keeps such calls on the Nx fallback.
+pub fn features(platform: Platform) -> u32 {
+    match platform {
+        Platform::Host => FEATURE_KEY_MASK | FEATURE_BIAS | FEATURE_ALIBI | FEATURE_BIAS_GRAD,
+        Platform::Cuda => 0,
+    }
+}

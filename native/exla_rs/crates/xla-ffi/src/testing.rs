@@ -137,6 +137,8 @@ pub enum AttrValue {
     F64(f64),
     I64(i64),
     I32(i32),
+    /// A `PRED` scalar, as XLA passes an MLIR `i1` (`true`/`false`) attribute.
+    Pred(bool),
     Str(String),
 }
 
@@ -277,6 +279,7 @@ impl FrameBuilder {
                         AttrValue::F64(x) => (sys::XLA_FFI_DataType_F64, x.to_ne_bytes()),
                         AttrValue::I64(x) => (sys::XLA_FFI_DataType_S64, x.to_ne_bytes()),
                         AttrValue::I32(x) => (sys::XLA_FFI_DataType_S32, pad(&x.to_ne_bytes())),
+                        AttrValue::Pred(x) => (sys::XLA_FFI_DataType_PRED, pad(&[u8::from(*x)])),
                         AttrValue::Str(_) => unreachable!(),
                     };
                     m.attr_values.push(bytes);
