@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs everything the tests and the demo need on a fresh Debian 12 machine, offline from hex/GitHub:
-# Debian's Elixir/Erlang, two jax[cpu] venvs (FFI 0.2 and 0.3), NVIDIA's pip nvcc, a PJRT CPU plugin.
+# Debian's Erlang/OTP 25 (Elixir >= 1.17 comes from the offline toolchain beside the checkout, see
+# scripts/elixir.sh), two jax[cpu] venvs (FFI 0.2 and 0.3), NVIDIA's pip nvcc, a PJRT CPU plugin.
 # Idempotent: each step is skipped when its result is already there.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -8,14 +9,21 @@ venvs=$root/.venv
 mkdir -p "$venvs"
 
 need_apt=()
-command -v elixir >/dev/null 2>&1 || need_apt+=(elixir)
 dpkg -s erlang-dev >/dev/null 2>&1 || need_apt+=(erlang-dev)
+dpkg -s erlang-nox >/dev/null 2>&1 || need_apt+=(erlang-nox)
 command -v cc >/dev/null 2>&1 || need_apt+=(gcc)
+python3 -c 'import ensurepip' >/dev/null 2>&1 || need_apt+=(python3-venv)
 if ((${#need_apt[@]})); then
   echo "setup: apt-get install ${need_apt[*]}"
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
-  apt-get install -y -qq --no-install-recommends "${need_apt[@]}" erlang-nox >/dev/null
+  apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
+fi
+
+# Rust is the one tool this script does not install (Debian 12's cargo is too old for the crates).
+if ! command -v cargo >/dev/null 2>&1 && [[ ! -x $HOME/.cargo/bin/cargo ]]; then
+  echo "setup: cargo not found: install Rust >= 1.80 (rustup) and put cargo on PATH" >&2
+  exit 1
 fi
 
 # venv NAME PIP-ARGS...: a Python venv under .venv/NAME with the given packages, made once.

@@ -1,5 +1,8 @@
-if Code.ensure_loaded?(Nx) do
-  defmodule ExlaRs.Attention do
+defmodule ExlaRs.Attention do
+  # The module always exists, and the guard sits inside it: Mix then records the
+  # compile-time check against Nx and recompiles this file when Nx joins the project
+  # later (a file whose top-level `if` defines no module is never marked stale).
+  if Code.ensure_loaded?(Nx) do
     @moduledoc """
     Fused (flash) scaled-dot-product attention for Nx, in Bumblebee's layout.
 
@@ -289,17 +292,17 @@ if Code.ensure_loaded?(Nx) do
 
     @doc false
     # What the forward block returns (and so what its custom call must return).
-    def forward_template(%Forward{workspace: ws}, q) do
+    def forward_template(%Forward{} = tag, q) do
       {b, sq, h, _d} = Nx.shape(q)
       o = Nx.template(Nx.shape(q), Nx.type(q))
       lse = Nx.template({b, h, sq}, Fallback.lse_type(Nx.type(q)))
-      if ws > 0, do: {o, lse, Nx.template({ws}, {:u, 8})}, else: {o, lse}
+      ExlaRs.CustomCall.block_results(tag, [o, lse], &Nx.template({&1}, {:u, 8}))
     end
 
     @doc false
-    def backward_template(%Backward{workspace: ws}, q, k, v) do
-      grads = {Nx.template(Nx.shape(q), Nx.type(q)), Nx.template(Nx.shape(k), Nx.type(k)), Nx.template(Nx.shape(v), Nx.type(v))}
-      if ws > 0, do: Tuple.insert_at(grads, 3, Nx.template({ws}, {:u, 8})), else: grads
+    def backward_template(%Backward{} = tag, q, k, v) do
+      grads = for t <- [q, k, v], do: Nx.template(Nx.shape(t), Nx.type(t))
+      ExlaRs.CustomCall.block_results(tag, grads, &Nx.template({&1}, {:u, 8}))
     end
 
     defp expr?(%Nx.Tensor{data: %Nx.Defn.Expr{}}), do: true
@@ -399,5 +402,7 @@ if Code.ensure_loaded?(Nx) do
       raise ArgumentError,
             "#{fun}: expected #{inspect(name)} to be an integer tensor of shape {#{b}}, got: #{inspect(other)}"
     end
+  else
+    @moduledoc false
   end
 end

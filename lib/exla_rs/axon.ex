@@ -1,5 +1,6 @@
-if Code.ensure_loaded?(Nx) do
-  defmodule ExlaRs.Axon do
+defmodule ExlaRs.Axon do
+  # Nx is optional: the guard sits inside the module, as in ExlaRs.Attention.
+  if Code.ensure_loaded?(Nx) do
     @moduledoc """
     `ExlaRs.attention/4` for Axon models, Bumblebee-style.
 
@@ -119,5 +120,7 @@ if Code.ensure_loaded?(Nx) do
     def kv_len_from_mask(mask) do
       mask |> Nx.not_equal(0) |> Nx.as_type({:s, 32}) |> Nx.sum(axes: [1]) |> Nx.as_type({:s, 32})
     end
+  else
+    @moduledoc false
   end
 end

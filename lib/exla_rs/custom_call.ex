@@ -11,7 +11,7 @@ defmodule ExlaRs.CustomCall do
       and the native library says that configuration runs there
       (`ExlaRs.NIF.workspace_bytes/9` >= 0) within the workspace the traced
       program carries, it makes sure our FFI targets are registered with XLA
-      (`ExlaRs.register/0`, before each lowering) and returns the custom call: our target name
+      (`ensure_registered/1`, before each lowering) and returns the custom call: our target name
       and the attributes `scale`, `softcap` (`f32`), `window_left`,
       `window_right` (`i64`) as typed MLIR attribute text;
     * otherwise (another platform, `f64`, a head dim the kernels lack, a
@@ -53,7 +53,7 @@ defmodule ExlaRs.CustomCall do
          {:ok, pass, dtype, dims} <- match_call(tag, out, args),
          need when need >= 0 <- native_workspace(pass, platform, dtype, dims),
          true <- need <= tag.workspace,
-         :ok <- ensure_registered() do
+         :ok <- ensure_registered(platform) do
       {:ok, target(tag), attributes(tag)}
     else
       _ -> :skip
@@ -96,7 +96,7 @@ defmodule ExlaRs.CustomCall do
   # ExlaRs.NIF.workspace_bytes/9: N > 0 bytes, 0 none, -1 unsupported there. A
   # type without a native code (f64) or a NIF that failed to load: -1.
   defp native_workspace(pass, platform, dtype, [b, sq, sk, h, hkv, d]) do
-    with {:ok, dtype_code} <- dtype_code(dtype) do
+    with {:ok, dtype_code} <- ffi_dtype(dtype) do
       pass_code = if pass == :forward, do: 0, else: 1
       platform_code = if platform == :cuda, do: 1, else: 0
       ExlaRs.NIF.workspace_bytes(pass_code, platform_code, dtype_code, b, sq, sk, h, hkv, d)
@@ -107,42 +107,103 @@ defmodule ExlaRs.CustomCall do
     _ in [ErlangError, UndefinedFunctionError] -> -1
   end
 
-  defp dtype_code({:f, 16}), do: {:ok, 10}
-  defp dtype_code({:f, 32}), do: {:ok, 11}
-  defp dtype_code({:bf, 16}), do: {:ok, 16}
-  defp dtype_code(_), do: :error
+  @doc """
+  The one layout of a block's results, shared by the output templates, the Nx
+  fallback and the custom-call check: the pass's `results` (`[o, lse]` or
+  `[dq, dk, dv]`), then the `u8` workspace, made by `workspace.(bytes)`, when the
+  tag carries one. Returns a tuple.
+  """
+  def block_results(%{workspace: bytes}, results, workspace) when bytes > 0,
+    do: List.to_tuple(results ++ [workspace.(bytes)])
+
+  def block_results(_tag, results, _workspace), do: List.to_tuple(results)
 
   @doc """
-  Makes sure the XLA runtimes of this VM hold our FFI targets
-  (`ExlaRs.register/0`, before each lowering). Returns `:ok` once any runtime
-  holds them, or `{:error, reason}`; a failure is logged once.
+  The XLA FFI data type code of an Nx type that the kernels take (`XLA_FFI_DataType`:
+  F16 10, F32 11, BF16 16), or `:error`.
   """
-  def ensure_registered do
+  def ffi_dtype({:f, 16}), do: {:ok, 10}
+  def ffi_dtype({:f, 32}), do: {:ok, 11}
+  def ffi_dtype({:bf, 16}), do: {:ok, 16}
+  def ffi_dtype(_), do: :error
+
+  @doc """
+  Makes sure our FFI targets are registered in the XLA runtime that an EXLA client
+  of `platform` (`:host` or `:cuda`) compiles for (`ExlaRs.register/0`, before each
+  lowering). Returns `:ok` or `{:error, reason}`; a failure is logged once per
+  platform.
+
+  EXLA's `:cuda` client is XLA's StreamExecutor client inside EXLA's
+  `libxla_extension`, so `:cuda` needs our `CUDA` targets there: a PJRT plugin
+  holding them (say a CPU plugin, which takes any platform name) does not serve it.
+  `:host` needs our `Host` targets in any runtime: EXLA's own, or a PJRT CPU
+  plugin.
+  """
+  def ensure_registered(platform) when platform in [:host, :cuda] do
     # register/0 runs on every lowering, not once per VM: it is idempotent and only does
-    # work for runtimes that do not hold our targets yet, so a PJRT plugin EXLA loads after
+    # work for runtimes that do not hold our targets yet, so a runtime EXLA loads after
     # our first lowering still gets them. A pass that fails after an earlier success (say,
     # a runtime that refuses) keeps the targets the earlier runtimes already hold.
-    case ExlaRs.register() do
-      {:ok, _report} ->
-        :persistent_term.put(@registered_key, true)
-        :ok
+    result =
+      case ExlaRs.register() do
+        {:ok, runtimes} ->
+          if Enum.any?(runtimes, &serves?(&1, platform)),
+            do: :ok,
+            else: {:error, unserved(platform, runtimes)}
+
+        {:error, _reason} = error ->
+          error
+      end
+
+    case result do
+      :ok ->
+        remember_served(platform)
 
       {:error, reason} = error ->
-        if :persistent_term.get(@registered_key, false) do
+        if platform in :persistent_term.get(@registered_key, []) do
           :ok
         else
-          warn_once(reason)
+          warn_once(platform, reason)
           error
         end
     end
   rescue
     e in [ErlangError, UndefinedFunctionError] ->
-      warn_once(e)
+      warn_once(platform, e)
       {:error, e}
   end
 
-  defp warn_once(reason) do
-    key = {__MODULE__, :warned}
+  # The runtime EXLA's client of that platform runs in, holding both our targets for it.
+  defp serves?(%{kind: kind, registrations: regs}, platform) do
+    {platform_name, kinds} =
+      case platform do
+        :host -> {"Host", [:xla_extension, :pjrt_plugin]}
+        :cuda -> {"CUDA", [:xla_extension]}
+      end
+
+    ok = for %{platform: ^platform_name, result: :ok, target: t} <- regs, do: t
+    kind in kinds and Enum.all?([@fwd_target, @bwd_target], &(&1 in ok))
+  end
+
+  defp unserved(:cuda, runtimes) do
+    "no EXLA libxla_extension (where EXLA's :cuda client runs) holds our CUDA targets; " <>
+      "runtimes found: #{describe(runtimes)}"
+  end
+
+  defp unserved(:host, runtimes) do
+    "no XLA runtime holds our Host targets; runtimes found: #{describe(runtimes)}"
+  end
+
+  defp describe(runtimes), do: Enum.map_join(runtimes, ", ", &"#{&1.kind} #{&1.path} (#{&1.state})")
+
+  defp remember_served(platform) do
+    served = :persistent_term.get(@registered_key, [])
+    unless platform in served, do: :persistent_term.put(@registered_key, [platform | served])
+    :ok
+  end
+
+  defp warn_once(platform, reason) do
+    key = {__MODULE__, :warned, platform}
 
     unless :persistent_term.get(key, false) do
       :persistent_term.put(key, true)
@@ -150,25 +211,29 @@ defmodule ExlaRs.CustomCall do
       require Logger
 
       Logger.warning(
-        "exla_rs: could not register the flash-attention custom calls with XLA " <>
-          "(#{inspect(reason)}); attention runs on the Nx fallback"
+        "exla_rs: the flash-attention custom calls are not available to EXLA's #{inspect(platform)} client " <>
+          "(#{reason_text(reason)}); attention runs on the Nx fallback there"
       )
     end
   end
 
+  defp reason_text(text) when is_binary(text), do: text
+  defp reason_text(error) when is_exception(error), do: Exception.message(error)
+  defp reason_text(other), do: inspect(other)
+
   # The operands and results the contract specifies, checked on the templates.
-  defp match_call(%Forward{workspace: ws}, out, [q, k, v, kv_len, q_start]) do
+  defp match_call(%Forward{} = tag, out, [q, k, v, kv_len, q_start]) do
     with {:ok, dtype, [b, sq, _sk, h, _hkv, _d] = dims} <- match_qkv(q, k, v, kv_len, q_start),
-         true <- results(out, ws) == [like(q), {{:f, 32}, {b, h, sq}}] do
+         true <- results(out) == expected(tag, [like(q), {{:f, 32}, {b, h, sq}}]) do
       {:ok, :forward, dtype, dims}
     end
   end
 
-  defp match_call(%Backward{workspace: ws}, out, [q, k, v, kv_len, q_start, o, lse, d_o]) do
+  defp match_call(%Backward{} = tag, out, [q, k, v, kv_len, q_start, o, lse, d_o]) do
     with {:ok, dtype, [b, sq, _sk, h, _hkv, _d] = dims} <- match_qkv(q, k, v, kv_len, q_start),
          true <- like(o) == like(q) and like(d_o) == like(q),
          true <- like(lse) == {{:f, 32}, {b, h, sq}},
-         true <- results(out, ws) == [like(q), like(k), like(v)] do
+         true <- results(out) == expected(tag, [like(q), like(k), like(v)]) do
       {:ok, :backward, dtype, dims}
     end
   end
@@ -188,37 +253,33 @@ defmodule ExlaRs.CustomCall do
 
   defp match_qkv(_q, _k, _v, _kv_len, _q_start), do: :error
 
-  # The block's results, less the trailing u8[ws] workspace it must end with when ws > 0.
-  defp results(out, ws) when is_tuple(out) do
-    list = Enum.map(Tuple.to_list(out), &like/1)
+  defp results(out) when is_tuple(out), do: out |> Tuple.to_list() |> Enum.map(&like/1)
+  defp results(_out), do: :mismatch
 
-    cond do
-      ws == 0 -> list
-      List.last(list) == {{:u, 8}, {ws}} -> Enum.drop(list, -1)
-      true -> :mismatch
-    end
-  end
-
-  defp results(_out, _ws), do: :mismatch
+  # The {type, shape} list the call must return, laid out by block_results/3.
+  defp expected(tag, likes), do: tag |> block_results(likes, &{{:u, 8}, {&1}}) |> Tuple.to_list()
 
   defp like(%{type: type, shape: shape}), do: {type, shape}
   defp like(_), do: nil
-end
 
-if Code.ensure_loaded?(EXLA.CustomCall) and Code.ensure_loaded?(EXLA.CustomCall.Spec) do
-  defimpl EXLA.CustomCall, for: [ExlaRs.Attention.Forward, ExlaRs.Attention.Backward] do
-    @moduledoc false
+  # EXLA is optional. The implementation is defined inside this always-present module so
+  # that Mix records the compile-time check and recompiles this file when EXLA joins the
+  # project after exla_rs was compiled (see ExlaRs.Attention).
+  if Code.ensure_loaded?(EXLA.CustomCall) and Code.ensure_loaded?(EXLA.CustomCall.Spec) do
+    defimpl EXLA.CustomCall, for: [ExlaRs.Attention.Forward, ExlaRs.Attention.Backward] do
+      @moduledoc false
 
-    def call(tag, out, args, %{platform: platform}) do
-      case ExlaRs.CustomCall.spec(tag, out, args, platform) do
-        {:ok, target, attributes} ->
-          {:ok, %EXLA.CustomCall.Spec{call_target_name: target, attributes: attributes}}
+      def call(tag, out, args, %{platform: platform}) do
+        case ExlaRs.CustomCall.spec(tag, out, args, platform) do
+          {:ok, target, attributes} ->
+            {:ok, %EXLA.CustomCall.Spec{call_target_name: target, attributes: attributes}}
 
-        :skip ->
-          :skip
+          :skip ->
+            :skip
+        end
       end
-    end
 
-    def call(_tag, _out, _args, _client), do: :skip
+      def call(_tag, _out, _args, _client), do: :skip
+    end
   end
 end

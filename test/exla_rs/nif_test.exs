@@ -11,13 +11,14 @@ defmodule ExlaRs.NIFTest do
 
   test "workspace_bytes answers the contract's three kinds of value" do
     # f32 forward on the Host: supported (>= 0).
-    assert NIF.workspace_bytes(0, 0, 11, 1, 16, 16, 2, 1, 64) >= 0
+    {:ok, f32} = ExlaRs.CustomCall.ffi_dtype({:f, 32})
+    assert NIF.workspace_bytes(0, 0, f32, 1, 16, 16, 2, 1, 64) >= 0
     # An unknown dtype code: unsupported.
     assert NIF.workspace_bytes(0, 0, 99, 1, 16, 16, 2, 1, 64) == -1
   end
 
   test "bad arguments raise ArgumentError, not a crash" do
-    assert_raise ArgumentError, fn -> NIF.workspace_bytes(:f32, 0, 11, 1, 16, 16, 2, 1, 64) end
+    assert_raise ArgumentError, fn -> NIF.workspace_bytes(:f32, 0, 0, 1, 16, 16, 2, 1, 64) end
     assert_raise ArgumentError, fn -> NIF.register(:not_a_list, false) end
   end
 

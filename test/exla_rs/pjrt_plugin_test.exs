@@ -62,4 +62,26 @@ defmodule ExlaRs.PjrtPluginTest do
     assert output =~ "pjrt_plugin: #{info.path}"
     assert output =~ "exla_rs_flash_attn_fwd @ Host: registered"
   end
+
+  test "a CPU plugin serves EXLA's :host client, never its :cuda one" do
+    # The plugin takes our CUDA targets too (XLA's registry accepts any platform name), but
+    # EXLA's :cuda client runs in EXLA's own libxla_extension, which is not loaded here.
+    previous = :persistent_term.get({ExlaRs.CustomCall, :registered}, [])
+    :persistent_term.put({ExlaRs.CustomCall, :registered}, [])
+    on_exit(fn -> :persistent_term.put({ExlaRs.CustomCall, :registered}, previous) end)
+    :persistent_term.erase({ExlaRs.CustomCall, :warned, :cuda})
+
+    assert ExlaRs.CustomCall.ensure_registered(:host) == :ok
+
+    log =
+      ExUnit.CaptureLog.capture_log(fn ->
+        assert {:error, reason} = ExlaRs.CustomCall.ensure_registered(:cuda)
+        assert reason =~ "no EXLA libxla_extension"
+        assert reason =~ "pjrt_plugin"
+        # Logged once per platform, not on every lowering.
+        assert {:error, _} = ExlaRs.CustomCall.ensure_registered(:cuda)
+      end)
+
+    assert length(String.split(log, "not available to EXLA's :cuda client")) == 2
+  end
 end

@@ -51,8 +51,7 @@ defmodule ExlaRs.RegisterTest do
 
   def forward_event(event, measurements, metadata, pid), do: send(pid, {:event, event, measurements, metadata})
 
-  # Needs :telemetry on the code path (it comes with Nx; DEVELOPERS.md); excluded without it.
-  @tag :telemetry
+  # :telemetry is an (optional) dependency of the project, so it is always there in its tests.
   test "each registration pass emits [:exla_rs, :register] while :telemetry runs" do
     {:ok, _} = Application.ensure_all_started(:telemetry)
     parent = self()

@@ -1,5 +1,5 @@
 # Shared by the test/nx tests (loaded with Code.require_file/2; not a test file itself).
-if Code.ensure_loaded?(Nx) and not Code.ensure_loaded?(ExlaRs.NxTest.Reference) do
+unless Code.ensure_loaded?(ExlaRs.NxTest.Reference) do
   defmodule ExlaRs.NxTest.Reference do
     @moduledoc false
     # The contract's function in float64, written independently of the library:

@@ -1,5 +1,6 @@
-if Code.ensure_loaded?(Nx) do
-  defmodule ExlaRs.Attention.Fallback do
+defmodule ExlaRs.Attention.Fallback do
+  # Nx is optional: the guard sits inside the module, as in ExlaRs.Attention.
+  if Code.ensure_loaded?(Nx) do
     @moduledoc """
     The pure-Nx implementation of the flash-attention contract: the default
     functions of the `ExlaRs.Attention.Forward` and `ExlaRs.Attention.Backward`
@@ -54,7 +55,7 @@ if Code.ensure_loaded?(Nx) do
 
       lse = lse |> Nx.reshape({b, h, sq}) |> Nx.as_type(lse_type(Nx.type(q)))
 
-      with_workspace({o, lse}, tag.workspace)
+      with_workspace(tag, [o, lse])
     end
 
     @doc """
@@ -110,7 +111,7 @@ if Code.ensure_loaded?(Nx) do
       # dx [B, Hkv, G, Sq, Sk] x q [B, Hkv, G, Sq, D] over (G, Sq) -> [B, Hkv, Sk, D]
       dk = Nx.dot(dx, [2, 3], [0, 1], qf, [2, 3], [0, 1]) |> Nx.transpose(axes: [0, 2, 1, 3])
 
-      with_workspace({Nx.as_type(dq, Nx.type(q)), Nx.as_type(dk, Nx.type(k)), Nx.as_type(dv, Nx.type(v))}, tag.workspace)
+      with_workspace(tag, [Nx.as_type(dq, Nx.type(q)), Nx.as_type(dk, Nx.type(k)), Nx.as_type(dv, Nx.type(v))])
     end
 
     @doc false
@@ -183,9 +184,11 @@ if Code.ensure_loaded?(Nx) do
     @doc false
     def lse_type(type), do: acc_type(type)
 
-    defp with_workspace(tuple, 0), do: tuple
-
-    defp with_workspace(tuple, bytes) when bytes > 0,
-      do: Tuple.insert_at(tuple, tuple_size(tuple), Nx.broadcast(Nx.tensor(0, type: {:u, 8}), {bytes}))
+    # The block's results with its workspace (zero bytes: XLA drops what nothing reads).
+    defp with_workspace(tag, results) do
+      ExlaRs.CustomCall.block_results(tag, results, &Nx.broadcast(Nx.tensor(0, type: {:u, 8}), {&1}))
+    end
+  else
+    @moduledoc false
   end
 end

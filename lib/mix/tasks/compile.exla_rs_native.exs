@@ -5,7 +5,9 @@ defmodule Mix.Tasks.Compile.ExlaRsNative do
 
   Listed before `Mix.compilers()` in `mix.exs`; loaded by `mix.exs` itself (a compiler cannot
   live in the `lib/` it helps compile). Skips cargo when the library is newer than every
-  native source and was built with the same profile.
+  native source and was built with the same build settings: the profile, the cargo
+  executable and every variable below or read by the crates' build scripts (its manifest
+  records them, so changing any of them rebuilds).
 
   Environment:
 
@@ -13,12 +15,18 @@ defmodule Mix.Tasks.Compile.ExlaRsNative do
     * `EXLA_RS_CARGO_ARGS` - extra cargo arguments, split on spaces (e.g. `--offline`)
     * `EXLA_RS_SKIP_CARGO=1` - never run cargo; use the library already in `priv/native`
     * `CARGO` - the cargo executable (default: `cargo` on the `PATH`, then `~/.cargo/bin`)
+    * `CARGO_TARGET_DIR`, and what `exla-rs-cuda`'s build script reads: `EXLA_RS_CUDA_ARCHS`,
+      `EXLA_RS_CUDA_NVCC`, `NVCC`, `CUDA_HOME`, `CUDA_PATH`
   """
   use Mix.Task.Compiler
 
   @crate "exla-rs-nif"
   @lib_name "libexla_rs_nif"
   @manifest "compile.exla_rs_native"
+  # Environment that changes what cargo builds: ours, cargo's, and what
+  # crates/exla-rs-cuda/build.rs declares with `rerun-if-env-changed`.
+  @build_env ~w(EXLA_RS_CARGO_PROFILE EXLA_RS_CARGO_ARGS CARGO_TARGET_DIR EXLA_RS_CUDA_ARCHS
+                EXLA_RS_CUDA_NVCC NVCC CUDA_HOME CUDA_PATH)
 
   @impl true
   def run(_args) do
@@ -33,7 +41,7 @@ defmodule Mix.Tasks.Compile.ExlaRsNative do
           do: {:noop, []},
           else: error("EXLA_RS_SKIP_CARGO is set but #{dest} does not exist")
 
-      up_to_date?(native, dest, profile) ->
+      up_to_date?(native, dest, build_settings(find_cargo())) ->
         {:noop, []}
 
       cargo = find_cargo() ->
@@ -88,7 +96,7 @@ defmodule Mix.Tasks.Compile.ExlaRsNative do
           # structure; on a fresh clone it did not.
           Mix.Project.build_structure()
           File.mkdir_p!(Path.dirname(manifest_path()))
-          File.write!(manifest_path(), profile)
+          File.write!(manifest_path(), :erlang.term_to_binary(build_settings(cargo)))
           {:ok, []}
         else
           error("cargo succeeded but #{src} is missing")
@@ -108,9 +116,15 @@ defmodule Mix.Tasks.Compile.ExlaRsNative do
     File.rename!(tmp, dest)
   end
 
-  defp up_to_date?(native, dest, profile) do
+  # What the manifest records: a library built under other settings is out of date.
+  defp build_settings(cargo) do
+    %{cargo: cargo, env: Map.new(@build_env, &{&1, System.get_env(&1)})}
+  end
+
+  defp up_to_date?(native, dest, settings) do
     with {:ok, %{mtime: built}} <- File.stat(dest, time: :posix),
-         {:ok, ^profile} <- File.read(manifest_path()) do
+         {:ok, recorded} <- File.read(manifest_path()),
+         ^settings <- binary_to_term(recorded) do
       native
       |> sources()
       |> Enum.all?(fn file ->
@@ -119,6 +133,13 @@ defmodule Mix.Tasks.Compile.ExlaRsNative do
     else
       _ -> false
     end
+  end
+
+  # A manifest from an older version of this compiler (plain text) reads as no settings.
+  defp binary_to_term(binary) do
+    :erlang.binary_to_term(binary, [:safe])
+  rescue
+    ArgumentError -> nil
   end
 
   defp sources(native) do

@@ -1,0 +1,45 @@
+# Sourced by the scripts that run Mix: puts an Elixir >= 1.17 with Hex on PATH and makes Nx,
+# EXLA's Elixir side and Axon resolvable as the project's (optional) Mix dependencies.
+#
+# 1. The offline toolchain beside the checkout (../shared/toolchain, or $EXLA_RS_TOOLCHAIN):
+#    Elixir 1.18.4 for OTP 25, the Hex archive, and source trees of Nx 0.13.1, complex,
+#    telemetry, Polaris, Axon 0.8.1 and a stand-in for EXLA's Elixir side. mix.exs turns each
+#    into a path dependency through EXLA_RS_<APP>_PATH. Nothing is copied into the repository.
+# 2. Otherwise an `elixir` >= 1.17 on PATH with Hex installed; the dependencies then come from
+#    hex.pm (`mix deps.get`).
+# Returns non-zero, saying what is missing, when neither is there.
+exla_rs_elixir() {
+  local root=${EXLA_RS_ROOT:?source scripts/env.sh first}
+  local tc=${EXLA_RS_TOOLCHAIN:-$root/../shared/toolchain}
+  # Mix and Hex state of our own, inside the (ignored) .mix/: never the user's ~/.mix.
+  export MIX_HOME=${EXLA_RS_MIX_HOME:-$root/.mix} HEX_HOME=${EXLA_RS_MIX_HOME:-$root/.mix}/hex
+  if [[ -x $tc/elixir/bin/elixir && -d $tc/deps/nx ]]; then
+    tc=$(cd "$tc" && pwd)
+    export PATH=$tc/elixir/bin:$PATH HEX_OFFLINE=1
+    local app
+    for app in nx exla axon complex telemetry polaris; do
+      [[ -d $tc/deps/$app ]] && export "EXLA_RS_${app^^}_PATH=$tc/deps/$app"
+    done
+    if ! compgen -G "$MIX_HOME/archives/hex-*" >/dev/null; then
+      mix archive.install --force "$(ls "$tc"/hex-*.ez | head -n 1)" >/dev/null || return 1
+    fi
+    export EXLA_RS_ELIXIR_FROM=toolchain
+    return 0
+  fi
+  if command -v elixir >/dev/null 2>&1 &&
+    elixir -e 'System.halt(if Version.match?(System.version(), ">= 1.17.0"), do: 0, else: 1)' 2>/dev/null; then
+    if ! mix hex.info >/dev/null 2>&1; then
+      echo "exla_rs: Elixir $(elixir -e 'IO.write System.version()') has no Hex: run 'mix local.hex'" >&2
+      return 1
+    fi
+    export EXLA_RS_ELIXIR_FROM=path
+    return 0
+  fi
+  cat >&2 <<MSG
+exla_rs: no Elixir >= 1.17 with Hex found. Nx and EXLA need Elixir >= 1.17 (Debian 12's is 1.14).
+Either put the offline toolchain at $tc (or set EXLA_RS_TOOLCHAIN): Elixir 1.18 for OTP 25,
+hex-*.ez and deps/{nx,complex,telemetry,exla,polaris,axon}; or install Elixir >= 1.17 on PATH
+and run 'mix local.hex' (the dependencies then come from hex.pm).
+MSG
+  return 1
+}
