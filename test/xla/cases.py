@@ -132,3 +132,71 @@ def assert_grads(x: Inputs, dt: str, grads, refs, ctx: str) -> None:
         assert err <= TOL[dt], f"{name} rel err {err:.2e} > {TOL[dt]} ({ctx})"
     assert np.all(np.asarray(grads[0]).astype(np.float32)[fully_masked_rows(x)] == 0), ctx
 
+
+
+# ---------------------------------------------------------------------------------------------
+# The contract's optional operands: key_mask, bias (+ dbias), alibi_slopes
+# ---------------------------------------------------------------------------------------------
+
+# Bias broadcast patterns: one letter per dim of [B, H, Sq, Sk], "1" = broadcast.
+BIAS_PATTERNS = ("BHQK", "1HQK", "B1QK", "11QK", "1H1K", "BHQ1", "1111")
+MASK_DTYPES = (np.uint8, np.bool_, np.int32, np.int64)
+
+
+@dataclass(frozen=True)
+class Extra:
+    key_mask: str | None = None  # left_pad | holes | all_masked (batch row 0 sees nothing)
+    bias: str | None = None  # a BIAS_PATTERNS entry
+    bias_f32: bool = False  # bias in f32 whatever the q type (else q's type)
+    bias_neg_inf: bool = False  # row 0 of the bias all -inf (fully masked rows) plus scattered -inf
+    alibi: bool = False
+    mask_dtype: int = 0  # index into MASK_DTYPES
+
+    def name(self) -> str:
+        parts = []
+        if self.key_mask:
+            parts.append(f"mask_{self.key_mask}_{np.dtype(MASK_DTYPES[self.mask_dtype]).name}")
+        if self.bias:
+            parts.append(f"bias_{self.bias}" + ("_f32" if self.bias_f32 else "") + ("_neginf" if self.bias_neg_inf else ""))
+        if self.alibi:
+            parts.append("alibi")
+        return "+".join(parts) or "none"
+
+
+def bias_dims(pattern: str, b: int, h: int, sq: int, sk: int) -> tuple:
+    return tuple(1 if c == "1" else n for c, n in zip(pattern, (b, h, sq, sk)))
+
+
+def make_extras(x: Inputs, e: Extra, dtype) -> dict:
+    """Fresh random optional operands for the inputs `x` (keyword arguments of flash_attn_*/
+    reference_*): never zeros, the bias rounded to the type it is passed in."""
+    rng = np.random.default_rng(x.seed + 17)
+    b, sq, h, _ = x.q.shape
+    sk = x.k.shape[1]
+    out = {}
+    if e.key_mask:
+        j = np.arange(sk)[None, :]
+        if e.key_mask == "left_pad":
+            pad = rng.integers(0, max(1, sk - 1), b)
+            pad[0] = sk // 3  # a left-padded row whose padding spans whole 64-key tiles when sk is large
+            m = j >= pad[:, None]
+        elif e.key_mask == "holes":
+            m = rng.random((b, sk)) > 0.3
+        else:
+            m = np.broadcast_to(j >= rng.integers(0, sk, b)[:, None], (b, sk)).copy()
+            m[0] = False
+        out["key_mask"] = m.astype(MASK_DTYPES[e.mask_dtype])
+    if e.bias:
+        dims = bias_dims(e.bias, b, h, sq, sk)
+        bias = rng.standard_normal(dims).astype(np.float32)
+        if e.bias_neg_inf:
+            bias[(0,) * 3] = -np.inf  # the first bias row: every key of query row 0 hidden
+            bias[rng.random(dims) < 0.1] = -np.inf
+        bdt = np.float32 if e.bias_f32 else dtype
+        out["bias"] = np.asarray(jnp.asarray(bias, dtype=bdt))
+    if e.alibi:
+        # Geometric slopes as ALiBi uses them, one negative to cover both signs.
+        slopes = (2.0 ** (-8.0 * (np.arange(h) + 1) / h)).astype(np.float32)
+        slopes[-1] = -slopes[-1] / 4
+        out["alibi_slopes"] = slopes
+    return out

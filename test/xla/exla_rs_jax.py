@@ -2,7 +2,7 @@
 
 Loads ``libexla_rs_xla.so`` (``$EXLA_RS_XLA_LIB`` or the release build), registers the handler
 symbols with ``jax.ffi.register_ffi_target`` and calls them with ``jax.ffi.ffi_call`` exactly as the
-custom-call contract lays them out (shared/design/flash-attention-contract.md). Used by the tests
+custom-call contract lays them out (docs/flash-attention-contract.md), optional operands included. Used by the tests
 in this folder, the demo and the benchmarks.
 """
 from __future__ import annotations
@@ -71,23 +71,44 @@ def _workspace_result(pass_, platform, q, k):
     return [jax.ShapeDtypeStruct((n,), jnp.uint8)] if n > 0 else []
 
 
-def flash_attn_fwd(q, k, v, kv_len, q_start, *, scale, softcap=0.0, window_left=-1, window_right=-1, platform="cpu"):
-    """Returns (o, lse) from the forward target."""
+def _extras(key_mask, bias, alibi_slopes):
+    """The optional operands in the contract's fixed order and the presence attributes (pred,
+    i.e. Python bools) that announce them; absent ones are left out entirely."""
+    args, attrs = [], {}
+    for name, x in (("has_key_mask", key_mask), ("has_bias", bias), ("has_alibi", alibi_slopes)):
+        if x is not None:
+            args.append(x)
+            attrs[name] = True
+    return args, attrs
+
+
+def flash_attn_fwd(q, k, v, kv_len, q_start, *, scale, softcap=0.0, window_left=-1, window_right=-1, platform="cpu",
+                   key_mask=None, bias=None, alibi_slopes=None):
+    """Returns (o, lse) from the forward target. key_mask [B, Sk] (any integer/bool type, nonzero =
+    visible), bias rank 4 broadcastable to [B, H, Sq, Sk] (f32/f16/bf16), alibi_slopes f32[H]."""
     load(platform)
     b, sq, h, _ = q.shape
     outs = [jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct((b, h, sq), jnp.float32)]
     outs += _workspace_result(0, platform, q, k)
-    res = jax.ffi.ffi_call(FWD, outs)(q, k, v, kv_len, q_start, **_attrs(scale, softcap, window_left, window_right))
+    extra, flags = _extras(key_mask, bias, alibi_slopes)
+    res = jax.ffi.ffi_call(FWD, outs)(q, k, v, kv_len, q_start, *extra, **_attrs(scale, softcap, window_left, window_right), **flags)
     return res[0], res[1]
 
 
-def flash_attn_bwd(q, k, v, kv_len, q_start, o, lse, do, *, scale, softcap=0.0, window_left=-1, window_right=-1, platform="cpu"):
-    """Returns (dq, dk, dv) from the backward target."""
+def flash_attn_bwd(q, k, v, kv_len, q_start, o, lse, do, *, scale, softcap=0.0, window_left=-1, window_right=-1, platform="cpu",
+                   key_mask=None, bias=None, alibi_slopes=None, bias_grad=False):
+    """Returns (dq, dk, dv) from the backward target, plus dbias (shaped and typed like bias)
+    when bias_grad."""
     load(platform)
     outs = [jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)]
+    if bias_grad:
+        outs.append(jax.ShapeDtypeStruct(bias.shape, bias.dtype))
     outs += _workspace_result(1, platform, q, k)
-    res = jax.ffi.ffi_call(BWD, outs)(q, k, v, kv_len, q_start, o, lse, do, **_attrs(scale, softcap, window_left, window_right))
-    return res[0], res[1], res[2]
+    extra, flags = _extras(key_mask, bias, alibi_slopes)
+    if bias_grad:
+        flags["bias_grad"] = True
+    res = jax.ffi.ffi_call(BWD, outs)(q, k, v, kv_len, q_start, o, lse, do, *extra, **_attrs(scale, softcap, window_left, window_right), **flags)
+    return tuple(res[:4]) if bias_grad else (res[0], res[1], res[2])
 
 
 # Head dims the CUDA kernels are built for; the lse-gradient pass pads to one of them.
@@ -152,7 +173,7 @@ attention.defvjp(_attention_fwd, _attention_bwd)
 # float64 references of the contract's function
 # ---------------------------------------------------------------------------------------------
 
-def visible_mask(b, sq, sk, kv_len, q_start, window_left, window_right) -> np.ndarray:
+def visible_mask(b, sq, sk, kv_len, q_start, window_left, window_right, key_mask=None) -> np.ndarray:
     """bool[B, Sq, Sk]: visible(i, j) exactly as the contract writes it."""
     i = np.arange(sq)[None, :, None]
     j = np.arange(sk)[None, None, :]
@@ -162,12 +183,32 @@ def visible_mask(b, sq, sk, kv_len, q_start, window_left, window_right) -> np.nd
         m = m & (j >= pos - window_left)
     if window_right >= 0:
         m = m & (j <= pos + window_right)
+    if key_mask is not None:
+        m = m & (np.asarray(key_mask).astype(np.int64) != 0)[:, None, :]
     return np.broadcast_to(m, (b, sq, sk))
 
 
-def _reference_probs(q, k, v, kv_len, q_start, *, scale, softcap, window_left, window_right):
+def alibi_term(sq, sk, q_start, slopes) -> np.ndarray:
+    """float64 [B, H, Sq, Sk]: -slope[h] * |q_start[b] + i - j|."""
+    pos = np.asarray(q_start, np.int64)[:, None, None, None] + np.arange(sq)[None, None, :, None]
+    dist = np.abs(pos - np.arange(sk)[None, None, None, :]).astype(np.float64)
+    return -np.asarray(slopes, np.float64)[None, :, None, None] * dist
+
+
+def _additive(bias, alibi_slopes, q_start, sq, sk):
+    """float64 bias + alibi, broadcastable to [B, H, Sq, Sk] (0 when neither is given)."""
+    add = 0.0
+    if bias is not None:
+        add = add + np.asarray(bias, np.float64)
+    if alibi_slopes is not None:
+        add = add + alibi_term(sq, sk, q_start, alibi_slopes)
+    return add
+
+
+def _reference_probs(q, k, v, kv_len, q_start, *, scale, softcap, window_left, window_right, key_mask=None, bias=None, alibi_slopes=None):
     """float64 pieces shared by the references: softmax p [B,H,Sq,Sk], pre-softcap-derivative
-    scores s, GQA-expanded k/v, and lse [B,H,Sq]; masked entries of p are exactly 0."""
+    scores s, GQA-expanded k/v, and lse [B,H,Sq]; masked entries of p are exactly 0. The bias and
+    ALiBi are added after the softcap; a -inf bias hides its entry."""
     q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
     b, sq, h, d = q.shape
     sk, hkv = k.shape[1], k.shape[2]
@@ -176,8 +217,11 @@ def _reference_probs(q, k, v, kv_len, q_start, *, scale, softcap, window_left, w
     vv = np.repeat(v, g, axis=2)
     x = scale * np.einsum("bihd,bjhd->bhij", q, kk)
     s = softcap * np.tanh(x / softcap) if softcap > 0 else x
-    m = visible_mask(b, sq, sk, kv_len, q_start, window_left, window_right)[:, None]
-    s_m = np.where(m, s, -np.inf)
+    m = visible_mask(b, sq, sk, kv_len, q_start, window_left, window_right, key_mask)[:, None]
+    with np.errstate(invalid="ignore"):
+        z = s + _additive(bias, alibi_slopes, q_start, sq, sk)
+    m = m & (z > -np.inf)
+    s_m = np.where(m, z, -np.inf)
     mx = np.max(s_m, axis=-1, keepdims=True)
     mx = np.where(np.isfinite(mx), mx, 0.0)
     p = np.where(m, np.exp(s_m - mx), 0.0)
@@ -188,17 +232,20 @@ def _reference_probs(q, k, v, kv_len, q_start, *, scale, softcap, window_left, w
     return p, s, kk, vv, lse
 
 
-def reference_fwd(q, k, v, kv_len, q_start, *, scale, softcap=0.0, window_left=-1, window_right=-1):
+def reference_fwd(q, k, v, kv_len, q_start, *, scale, softcap=0.0, window_left=-1, window_right=-1, key_mask=None, bias=None, alibi_slopes=None):
     """float64 numpy (o [B,Sq,H,D], lse [B,H,Sq]) of the contract."""
-    p, _, _, vv, lse = _reference_probs(q, k, v, kv_len, q_start, scale=scale, softcap=softcap, window_left=window_left, window_right=window_right)
+    p, _, _, vv, lse = _reference_probs(q, k, v, kv_len, q_start, scale=scale, softcap=softcap, window_left=window_left, window_right=window_right,
+                                        key_mask=key_mask, bias=bias, alibi_slopes=alibi_slopes)
     return np.einsum("bhij,bjhd->bihd", p, vv), lse
 
 
-def reference_bwd(q, k, v, kv_len, q_start, do, *, scale, softcap=0.0, window_left=-1, window_right=-1, dlse=None):
+def reference_bwd(q, k, v, kv_len, q_start, do, *, scale, softcap=0.0, window_left=-1, window_right=-1, dlse=None,
+                  key_mask=None, bias=None, alibi_slopes=None):
     """float64 (dq, dk, dv) of sum(o * do) (+ sum(lse * dlse) when dlse [B,H,Sq] is given), o and
     lse the contract's forward; closed form, no jax, so it runs on the host next to a GPU process
-    without touching the device."""
-    p, s, kk, vv, _ = _reference_probs(q, k, v, kv_len, q_start, scale=scale, softcap=softcap, window_left=window_left, window_right=window_right)
+    without touching the device. (dbias: see reference_grads_jax.)"""
+    p, s, kk, vv, _ = _reference_probs(q, k, v, kv_len, q_start, scale=scale, softcap=softcap, window_left=window_left, window_right=window_right,
+                                       key_mask=key_mask, bias=bias, alibi_slopes=alibi_slopes)
     q, do = np.asarray(q, np.float64), np.asarray(do, np.float64)
     b, sq, h, d = q.shape
     sk, hkv = kk.shape[1], k.shape[2]
@@ -216,8 +263,10 @@ def reference_bwd(q, k, v, kv_len, q_start, do, *, scale, softcap=0.0, window_le
     return dq, fold(dk_h), fold(dv_h)
 
 
-def reference_jax(q, k, v, kv_len, q_start, *, scale, softcap=0.0, window_left=-1, window_right=-1):
-    """The same function in jax.numpy (for jax.grad of a reference; run under x64)."""
+def reference_jax(q, k, v, kv_len, q_start, *, scale, softcap=0.0, window_left=-1, window_right=-1, key_mask=None, bias=None, alibi_slopes=None):
+    """The same function in jax.numpy (for jax.grad of a reference, bias included; run under x64).
+    Hidden entries go through `where` with safe values on both sides, so their gradient is an
+    exact 0, never 0 * inf."""
     b, sq, h, d = q.shape
     sk, hkv = k.shape[1], k.shape[2]
     g = h // hkv
@@ -225,9 +274,15 @@ def reference_jax(q, k, v, kv_len, q_start, *, scale, softcap=0.0, window_left=-
     vv = jnp.repeat(v, g, axis=2)
     x = scale * jnp.einsum("bihd,bjhd->bhij", q, kk)
     s = softcap * jnp.tanh(x / softcap) if softcap > 0 else x
-    m = jnp.asarray(visible_mask(b, sq, sk, kv_len, q_start, window_left, window_right))[:, None]
-    s = jnp.where(m, s, -jnp.inf)
+    m = jnp.asarray(visible_mask(b, sq, sk, kv_len, q_start, window_left, window_right, key_mask))[:, None]
+    if bias is not None:
+        m = m & jnp.broadcast_to(bias > -jnp.inf, (b, h, sq, sk))
+        s = s + jnp.where(bias > -jnp.inf, bias, 0.0)
+    if alibi_slopes is not None:
+        s = s + jnp.asarray(alibi_term(sq, sk, q_start, alibi_slopes))
+    s = jnp.where(m, s, 0.0)
     mx = jax.lax.stop_gradient(jnp.max(jnp.where(m, s, -1e300), axis=-1, keepdims=True))
+    mx = jnp.where(mx > -1e300, mx, 0.0)
     p = jnp.where(m, jnp.exp(s - mx), 0.0)
     l = p.sum(-1, keepdims=True)
     p = p / jnp.where(l > 0, l, 1.0)
