@@ -76,6 +76,16 @@ defmodule ExlaRs.NIF do
   """
   def workspace_bytes(_pass, _platform, _dtype, _b, _sq, _sk, _h, _hkv, _d), do: not_loaded()
 
+  @doc """
+  The optional features (a bit set) the handlers of `platform` (0 Host, 1 CUDA) run, as
+  `exla_rs_flash_attn_features` answers; -1 for an unknown platform code. The bits are
+  `feature_bits/0`.
+  """
+  def flash_attn_features(_platform), do: not_loaded()
+
+  @doc "The contract's feature bits by name: `%{key_mask:, bias:, alibi_slopes:, bias_grad:}`."
+  def feature_bits, do: not_loaded()
+
   @doc false
   def panic_for_test, do: not_loaded()
 

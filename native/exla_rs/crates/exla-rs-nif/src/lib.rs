@@ -101,6 +101,32 @@ fn workspace_bytes(pass: i32, platform: i32, dtype: i32, b: i64, sq: i64, sk: i6
     guarded("workspace_bytes", || exla_rs_xla::workspace_bytes(pass, platform, dtype, b, sq, sk, h, hkv, d)).map_err(raise)
 }
 
+/// `exla_rs_flash_attn_features`: the bit set of optional features `platform`'s handlers run
+/// (0 Host, 1 CUDA), -1 for an unknown platform code.
+#[rustler::nif]
+fn flash_attn_features(platform: i32) -> NifResult<i32> {
+    guarded("flash_attn_features", || exla_rs_xla::exla_rs_flash_attn_features(platform)).map_err(raise)
+}
+
+/// The contract's feature bits by name, from the handlers' own constants, so that Elixir never
+/// repeats them: `%{key_mask: 1, bias: 2, alibi_slopes: 4, bias_grad: 8}`.
+#[rustler::nif]
+fn feature_bits(env: Env<'_>) -> NifResult<Term<'_>> {
+    use exla_rs_xla::workspace::{FEATURE_ALIBI, FEATURE_BIAS, FEATURE_BIAS_GRAD, FEATURE_KEY_MASK};
+    guarded("feature_bits", || {
+        terms::make_map(
+            env,
+            vec![
+                ("key_mask", FEATURE_KEY_MASK.encode(env)),
+                ("bias", FEATURE_BIAS.encode(env)),
+                ("alibi_slopes", FEATURE_ALIBI.encode(env)),
+                ("bias_grad", FEATURE_BIAS_GRAD.encode(env)),
+            ],
+        )
+    })
+    .map_err(raise)
+}
+
 /// A NIF that panics, so the tests can show a panic never takes the BEAM down.
 #[rustler::nif]
 fn panic_for_test(env: Env<'_>) -> Term<'_> {
