@@ -25,14 +25,19 @@ defmodule ExlaRs.Attention do
         multiple of `kv_heads` (grouped-query attention: query head `h` reads
         key/value head `div(h, div(heads, kv_heads))`).
       * `x = scale * (q[b, i, h] · k[b, j, h'])`, soft-capped to
-        `softcap * tanh(x / softcap)` when `softcap > 0`.
+        `s = softcap * tanh(x / softcap)` when `softcap > 0` (else `s = x`).
+      * the score is `z = s + bias[b, h, i, j] - alibi_slopes[h] * |q_start[b] + i - j|`
+        (each term only with its option; a bias dimension of size 1 is
+        broadcast). The bias and ALiBi come after the soft cap.
       * key `j` is visible from query `i` when `j < kv_len[b]`, and
         `j >= q_start[b] + i - left` (unless `left = -1`), and
-        `j <= q_start[b] + i + right` (unless `right = -1`).
-      * `o[b, i, h] = Σ_j softmax(x)_j · v[b, j, h']` over the visible keys, in the
-        type of `q`; `lse[b, h, i] = log Σ_j exp(x)` over them, `f32`
-        `{batch, heads, seq_q}`. A query that sees no key gets `o = 0` and
-        `lse = -inf`.
+        `j <= q_start[b] + i + right` (unless `right = -1`), and
+        `key_mask[b, j] != 0` (with a key mask).
+      * `o[b, i, h] = Σ_j softmax(z)_j · v[b, j, h']` over the visible keys, in the
+        type of `q`; `lse[b, h, i] = log Σ_j exp(z)` over them, `f32`
+        `{batch, heads, seq_q}`. A `-inf` bias entry hides its key like the mask
+        does. A query that sees no key (or only `-inf` scores) gets `o = 0` and
+        `lse = -inf`, never NaN, and passes no gradient.
 
     ## Options
 
@@ -49,6 +54,25 @@ defmodule ExlaRs.Attention do
       * `:q_start` - an integer tensor of shape `{batch}`: the key position of
         query 0. Defaults to `seq_k - seq_q` (so the queries are the last `seq_q`
         positions of the key sequence; with equal lengths, self-attention).
+      * `:key_mask` - an integer tensor of shape `{batch, seq_k}` (Bumblebee's
+        attention mask): nonzero for a key every query of that row may see, zero
+        for a hidden one, in any pattern (left padding, holes, all zero). It is
+        combined (AND) with `:kv_len`, the window and causal. A mask of a type
+        other than `:u8` is turned into `:u8` (`mask != 0`) first.
+      * `:bias` - a float tensor (`:f16`, `:bf16`, `:f32`, or `:f64`, which runs
+        on the Nx fallback only) of rank 4, broadcastable to
+        `{batch, heads, seq_q, seq_k}`: each dimension is 1 or full (a T5
+        relative-position bias is `{1, heads, seq_q, seq_k}`). Added to the scores
+        after scale and soft cap; its type need not be the type of `q`. `heads`
+        counts the query heads.
+      * `:alibi_slopes` - a float tensor of shape `{heads}` (one slope per query
+        head, rounded to `f32`): the score gets `-slope[h] * |q_start[b] + i - j|`,
+        computed in the kernel (no `seq_q × seq_k` tensor).
+
+    Any combination of the options works. Under EXLA, the `:cuda` client does not
+    run `:key_mask`, `:bias` or `:alibi_slopes` yet: calls using them run the Nx
+    fallback there (`ExlaRs.CustomCall` asks the native library what each platform
+    runs).
 
     ## Gradients
 
@@ -61,17 +85,33 @@ defmodule ExlaRs.Attention do
     in the fused kernel, in linear memory; past head dim 255 there is no kernel for
     the widened operands and that block runs its Nx default.
 
+    A `:bias` gets its gradient too, summed over its broadcast dimensions (the
+    backward block returns it as `dbias`; through `attention_with_lse/4` the lse
+    part is added to it). The backward asks for `dbias` whenever the bias is
+    computed in the traced program (a parameter or anything derived from one), and
+    not when it is a constant captured from outside, which can have no gradient.
+    `:key_mask`, `:kv_len`, `:q_start` and `:alibi_slopes` get none: they are
+    not differentiable inputs of the contract (ALiBi slopes are fixed constants in
+    the models that use them), so a gradient taken with respect to them is zero.
+
     ## Errors
 
     Wrong ranks, mismatched shapes or types, `heads` not a multiple of
-    `kv_heads`, unknown options and bad option values raise `ArgumentError`
-    naming the argument and what was expected, before anything reaches native code.
+    `kv_heads`, unknown options and bad option values (a key mask not
+    `{batch, seq_k}` or not of an integer type, a bias of another rank, a bias
+    dimension neither 1 nor full, a non-float bias, slopes not `{heads}` or not
+    of a float type) raise `ArgumentError` naming the argument and what was
+    expected, before anything reaches native code.
     """
 
     alias ExlaRs.Attention.{Backward, Fallback, Forward}
 
     @float_types [{:f, 16}, {:bf, 16}, {:f, 32}, {:f, 64}]
-    @option_keys [:scale, :causal, :window_size, :softcap, :kv_len, :q_start]
+    @option_keys [:scale, :causal, :window_size, :softcap, :kv_len, :q_start, :key_mask, :bias, :alibi_slopes]
+
+    @doc false
+    # The options that are tensors (the Axon layer takes them as nodes).
+    def tensor_option_keys, do: [:kv_len, :q_start, :key_mask, :bias, :alibi_slopes]
 
     @doc """
     Scaled-dot-product attention: returns `o`, shaped and typed like `q`.
@@ -101,8 +141,8 @@ defmodule ExlaRs.Attention do
     end
 
     # Validates the arguments of attention/4 and returns the forward block's tag and
-    # inputs: {forward_tag, [q, k, v, kv_len, q_start]}. Raises ArgumentError for
-    # anything invalid.
+    # inputs: {forward_tag, [q, k, v, kv_len, q_start | optional operands]}. Raises
+    # ArgumentError for anything invalid.
     defp prepare(q, k, v, opts, fun) do
       {b, sq, h, d} = check_tensor!(fun, "q", q, nil)
       dtype = Nx.type(q)
@@ -158,17 +198,31 @@ defmodule ExlaRs.Attention do
       kv_len = row_tensor!(fun, :kv_len, Keyword.get(opts, :kv_len), b, sk)
       q_start = row_tensor!(fun, :q_start, Keyword.get(opts, :q_start), b, sk - sq)
 
+      optional =
+        [
+          key_mask: key_mask!(fun, opts[:key_mask], b, sk),
+          bias: bias!(fun, opts[:bias], {b, h, sq, sk}),
+          alibi_slopes: slopes!(fun, opts[:alibi_slopes], h)
+        ]
+        |> Enum.reject(fn {_name, t} -> is_nil(t) end)
+
       dims = [b, sq, sk, h, hkv, d]
 
-      fwd = %Forward{
-        scale: scale,
-        softcap: softcap,
-        window_left: left,
-        window_right: right,
-        workspace: ExlaRs.CustomCall.workspace_bytes(:forward, dtype, dims)
-      }
+      fwd =
+        struct!(
+          Forward,
+          [
+            scale: scale,
+            softcap: softcap,
+            window_left: left,
+            window_right: right,
+            workspace: ExlaRs.CustomCall.workspace_bytes(:forward, dtype, dims)
+          ] ++ ExlaRs.CustomCall.presence_fields(Keyword.keys(optional))
+        )
 
-      {fwd, [q, k, v, kv_len, q_start]}
+      # The contract's fixed order of the optional operands.
+      optional = for name <- ExlaRs.CustomCall.optional_operands(fwd), do: optional[name]
+      {fwd, [q, k, v, kv_len, q_start | optional]}
     end
 
     @doc false
@@ -193,8 +247,12 @@ defmodule ExlaRs.Attention do
 
     # The backward block's tag for the forward's options and the given dims (the
     # workspace depends on them), built only when a gradient is taken.
-    defp backward_tag(%Forward{} = fwd, dtype, dims) do
-      fields = fwd |> Map.from_struct() |> Map.put(:workspace, ExlaRs.CustomCall.workspace_bytes(:backward, dtype, dims))
+    defp backward_tag(%Forward{} = fwd, bias_grad?, dtype, dims) do
+      fields =
+        fwd
+        |> Map.from_struct()
+        |> Map.merge(%{bias_grad: bias_grad?, workspace: ExlaRs.CustomCall.workspace_bytes(:backward, dtype, dims)})
+
       struct!(Backward, fields)
     end
 
@@ -203,29 +261,37 @@ defmodule ExlaRs.Attention do
 
       # Inside defn every block input must be an expression: lift concrete tensors
       # (say a kv_len captured from outside) into the trace.
-      [q, k, v, kv_len, q_start] =
+      [q, k, v, kv_len, q_start | optional] =
         args =
         if Enum.any?(args, &expr?/1), do: Enum.map(args, &Nx.Defn.Expr.tensor/1), else: args
 
-      out = Nx.block(fwd, args, forward_template(fwd, q), &Fallback.forward/6)
+      out = Nx.block(fwd, args, forward_template(fwd, q), default(:forward, args))
       o = elem(out, 0)
       lse = elem(out, 1)
 
       if expr?(o) do
+        bias = ExlaRs.CustomCall.optional_map(fwd, optional)[:bias]
+        # custom_grad takes one gradient per input it lists: q, k, v, and the bias
+        # when it can have a gradient (the mask, kv_len, q_start and slopes get none).
+        bias_grad? = bias != nil and not constant?(bias)
+        wrt = [q, k, v] ++ if(bias_grad?, do: [bias], else: [])
+        base = [q, k, v, kv_len, q_start]
+
         grad_o =
-          Nx.Defn.Kernel.custom_grad(o, [q, k, v], fn g ->
+          Nx.Defn.Kernel.custom_grad(o, wrt, fn g ->
             # do is shaped and typed like o (the cotangent may come widened or as a scalar).
             d_o = g |> Nx.as_type(Nx.type(o)) |> Nx.broadcast(Nx.shape(o))
-            bwd = backward_tag(fwd, Nx.type(q), dims(q, k, Nx.axis_size(q, 3)))
-            bwd_args = [q, k, v, kv_len, q_start, o, lse, d_o]
-            bout = Nx.block(bwd, bwd_args, backward_template(bwd, q, k, v), &Fallback.backward/9)
-            [elem(bout, 0), elem(bout, 1), elem(bout, 2)]
+            bwd = backward_tag(fwd, bias_grad?, Nx.type(q), dims(q, k, Nx.axis_size(q, 3)))
+            bwd_args = base ++ [o, lse, d_o | optional]
+            bout = Nx.block(bwd, bwd_args, backward_template(bwd, q, k, v, bias), default(:backward, bwd_args))
+            # dq, dk, dv[, dbias] lead the block's results (block_results/3).
+            bout |> Tuple.to_list() |> Enum.take(length(wrt))
           end)
 
         grad_lse =
           if with_lse? do
-            Nx.Defn.Kernel.custom_grad(lse, [q, k, v], fn g ->
-              lse_grads(fwd, [q, k, v, kv_len, q_start], lse, Nx.broadcast(g, Nx.shape(lse)))
+            Nx.Defn.Kernel.custom_grad(lse, wrt, fn g ->
+              lse_grads(fwd, bias_grad?, base, optional, lse, Nx.broadcast(g, Nx.shape(lse)))
             end)
           else
             lse
@@ -236,6 +302,14 @@ defmodule ExlaRs.Attention do
         {o, lse}
       end
     end
+
+    # The block's default function: Fallback.forward/6..9 or backward/9..12, one
+    # argument per block input after the tag.
+    defp default(pass, args), do: Function.capture(Fallback, pass, length(args) + 1)
+
+    # A tensor captured from outside the trace (or a literal) has no gradient.
+    defp constant?(%Nx.Tensor{data: %Nx.Defn.Expr{op: op}}), do: op in [:tensor, :constant]
+    defp constant?(_), do: true
 
     # The head dims the CUDA kernels are built for.
     @kernel_head_dims [32, 64, 96, 128, 192, 256]
@@ -252,7 +326,10 @@ defmodule ExlaRs.Attention do
     # of ones at index d, o = 0, and do = dlse in that column only. The backward
     # computes ds = p * (do . v_j - rowsum(do * o)), here p * dlse: exactly the
     # lse part of the gradient. dq and dk are the first d columns; dv gets nothing.
-    defp lse_grads(fwd, [q, k, v, kv_len, q_start], lse, dlse) do
+    # The optional operands do not depend on the head dim and pass through as they
+    # are; dbias, when asked for, is the lse part of the bias gradient (Nx adds it
+    # to the o part).
+    defp lse_grads(fwd, bias_grad?, [q, k, v, kv_len, q_start], optional, lse, dlse) do
       {b, sq, h, d} = Nx.shape(q)
       {_, sk, hkv, _} = Nx.shape(k)
       type = Nx.type(q)
@@ -272,15 +349,16 @@ defmodule ExlaRs.Attention do
       o_wide = Nx.broadcast(Nx.tensor(0, type: type), {b, sq, h, wide})
       do_wide = widen.(dlse_col, d)
 
-      tag = backward_tag(fwd, type, dims(q, k, wide))
-      args = [q_wide, k_wide, v_wide, kv_len, q_start, o_wide, lse, do_wide]
-      out = Nx.block(tag, args, backward_template(tag, q_wide, k_wide, v_wide), &Fallback.backward/9)
+      tag = backward_tag(fwd, bias_grad?, type, dims(q, k, wide))
+      args = [q_wide, k_wide, v_wide, kv_len, q_start, o_wide, lse, do_wide | optional]
+      bias = ExlaRs.CustomCall.optional_map(tag, optional)[:bias]
+      out = Nx.block(tag, args, backward_template(tag, q_wide, k_wide, v_wide, bias), default(:backward, args))
 
       [
         out |> elem(0) |> Nx.slice_along_axis(0, d, axis: 3),
         out |> elem(1) |> Nx.slice_along_axis(0, d, axis: 3),
         Nx.broadcast(Nx.tensor(0, type: Nx.type(v)), Nx.shape(v))
-      ]
+      ] ++ if(bias_grad?, do: [elem(out, 3)], else: [])
     end
 
     # [b, sq, sk, h, hkv, head_dim] as the NIF's workspace query takes them.
@@ -300,8 +378,9 @@ defmodule ExlaRs.Attention do
     end
 
     @doc false
-    def backward_template(%Backward{} = tag, q, k, v) do
-      grads = for t <- [q, k, v], do: Nx.template(Nx.shape(t), Nx.type(t))
+    # `bias` is the forward's bias operand, or nil: dbias is shaped and typed like it.
+    def backward_template(%Backward{} = tag, q, k, v, bias) do
+      grads = for t <- [q, k, v, bias], do: t && Nx.template(Nx.shape(t), Nx.type(t))
       ExlaRs.CustomCall.block_results(tag, grads, &Nx.template({&1}, {:u, 8}))
     end
 
@@ -401,6 +480,75 @@ defmodule ExlaRs.Attention do
     defp row_tensor!(fun, name, other, b, _default) do
       raise ArgumentError,
             "#{fun}: expected #{inspect(name)} to be an integer tensor of shape {#{b}}, got: #{inspect(other)}"
+    end
+
+    # key_mask: integer {b, sk}, passed on as u8 (nonzero = visible).
+    defp key_mask!(_fun, nil, _b, _sk), do: nil
+
+    defp key_mask!(fun, t, b, sk) do
+      expected = "an integer tensor of shape {#{b}, #{sk}} ({batch, seq_k}, nonzero = visible)"
+
+      case option_tensor!(fun, :key_mask, t, expected) do
+        {{kind, _}, {^b, ^sk}} when kind in [:s, :u] ->
+          if Nx.type(t) == {:u, 8}, do: t, else: Nx.not_equal(t, 0)
+
+        {type, shape} ->
+          raise ArgumentError, "#{fun}: expected :key_mask to be #{expected}, got #{inspect(type)} of shape #{inspect(shape)}"
+      end
+    end
+
+    # bias: float, rank 4, each dimension 1 or that of {b, h, sq, sk}; kept as it is.
+    defp bias!(_fun, nil, _full), do: nil
+
+    defp bias!(fun, t, full) do
+      expected = "a float tensor of rank 4 broadcastable to {batch, heads, seq_q, seq_k} = #{inspect(full)}"
+
+      case option_tensor!(fun, :bias, t, expected) do
+        {type, _shape} when type not in @float_types ->
+          raise ArgumentError,
+                "#{fun}: expected :bias to have a float type (:f16, :bf16, :f32 or :f64), got #{inspect(type)}"
+
+        {_type, {_, _, _, _} = shape} ->
+          for {{n, f}, axis} <- Enum.with_index(Enum.zip(Tuple.to_list(shape), Tuple.to_list(full))), n not in [1, f] do
+            raise ArgumentError,
+                  "#{fun}: expected each dimension of :bias to be 1 or the full size of " <>
+                    "{batch, heads, seq_q, seq_k} = #{inspect(full)}, got shape #{inspect(shape)} " <>
+                    "(dimension #{axis} is #{n}, expected 1 or #{f})"
+          end
+
+          t
+
+        {_type, shape} ->
+          raise ArgumentError, "#{fun}: expected :bias to be #{expected}, got shape #{inspect(shape)}"
+      end
+    end
+
+    # alibi_slopes: float {h}, passed on as f32 (the contract's type).
+    defp slopes!(_fun, nil, _h), do: nil
+
+    defp slopes!(fun, t, h) do
+      expected = "a float tensor of shape {#{h}} (one slope per query head)"
+
+      case option_tensor!(fun, :alibi_slopes, t, expected) do
+        {type, {^h}} when type in @float_types ->
+          Nx.as_type(t, {:f, 32})
+
+        {type, shape} ->
+          raise ArgumentError,
+                "#{fun}: expected :alibi_slopes to be #{expected}, got #{inspect(type)} of shape #{inspect(shape)}"
+      end
+    end
+
+    # {type, shape} of a tensor option; raises for anything else or a vectorized tensor.
+    defp option_tensor!(_fun, _name, %Nx.Tensor{vectorized_axes: []} = t, _expected), do: {Nx.type(t), Nx.shape(t)}
+
+    defp option_tensor!(fun, name, %Nx.Tensor{} = t, expected) do
+      raise ArgumentError,
+            "#{fun}: expected #{inspect(name)} to be #{expected}, got a vectorized tensor (axes #{inspect(t.vectorized_axes)})"
+    end
+
+    defp option_tensor!(fun, name, other, expected) do
+      raise ArgumentError, "#{fun}: expected #{inspect(name)} to be #{expected}, got: #{inspect(other)}"
     end
   else
     @moduledoc false

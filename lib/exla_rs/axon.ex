@@ -4,10 +4,10 @@ defmodule ExlaRs.Axon do
     @moduledoc """
     `ExlaRs.attention/4` for Axon models, Bumblebee-style.
 
-    `layer/4`, `layer/5` and `layer/6` are layer functions in Axon's calling
-    convention (the input tensors, then a keyword list that Axon extends with
-    `:mode` and the like; unknown keys are ignored), so they need no Axon at
-    compile time. When Axon is loaded, `attention/4` builds the layer for you.
+    `layer/4` to `layer/9` are layer functions in Axon's calling convention (the
+    input tensors, then a keyword list that Axon extends with `:mode` and the like;
+    unknown keys are ignored), so they need no Axon at compile time. When Axon is
+    loaded, `attention/4` builds the layer for you.
 
     ## Swapping it into a Bumblebee-style attention
 
@@ -23,16 +23,20 @@ defmodule ExlaRs.Axon do
     With exla_rs (no attention weights output, no dropout on the weights), the
     same block is:
 
-        # key_mask: {batch, kv_seq}, 1 for real tokens (right padding)
-        kv_len = Axon.nx(key_mask, &ExlaRs.Axon.kv_len_from_mask/1)
-
         attention_output =
           ExlaRs.Axon.attention(query, key, value,
+            # {batch, kv_seq}, nonzero for real tokens, any padding pattern
+            key_mask: key_mask,
+            # optional, e.g. T5's learned {1, heads, q_seq, kv_seq} position bias
+            bias: attention_bias,
             causal: causal,
             scale: scale,
-            kv_len: kv_len,
             name: join(name, "flash_attention")
           )
+
+    A right-padded mask can also be given as `kv_len: Axon.nx(key_mask,
+    &ExlaRs.Axon.kv_len_from_mask/1)`, which lets the kernels skip the padding
+    tiles by length alone; `:key_mask` takes any pattern (left padding too).
 
     `attention_output` is `{batch, seq, heads, head_dim}`, as from
     `Layers.attention_output/2`; flatten the heads and apply the output
@@ -49,22 +53,18 @@ defmodule ExlaRs.Axon do
       An Axon layer computing `ExlaRs.attention/4` of the `query`, `key` and
       `value` nodes (`{batch, seq, heads, head_dim}`).
 
-      Options: those of `ExlaRs.Attention.attention/4`, where `:kv_len` and
-      `:q_start` are Axon nodes (for instance from `kv_len_from_mask/1`), plus
-      `:name`.
+      Options: those of `ExlaRs.Attention.attention/4`, where the tensor
+      options (`:kv_len`, `:q_start`, `:key_mask`, `:bias`, `:alibi_slopes`) are
+      Axon nodes (for instance `kv_len_from_mask/1` of an input, an `Axon.input/2`
+      key mask, or a learned bias), plus `:name`. The bias gets its gradient like
+      any other node's output.
       """
       def attention(%Axon{} = query, %Axon{} = key, %Axon{} = value, opts \\ []) do
         opts = check_options!(opts)
         {name, opts} = Keyword.pop(opts, :name)
-        {tensors, opts} = Keyword.split(opts, [:kv_len, :q_start])
+        {tensors, opts} = Keyword.split(opts, ExlaRs.Attention.tensor_option_keys())
         tensors = Enum.reject(tensors, fn {_key, node} -> is_nil(node) end)
-
-        op =
-          case length(tensors) do
-            0 -> &__MODULE__.layer/4
-            1 -> &__MODULE__.layer/5
-            2 -> &__MODULE__.layer/6
-          end
+        op = Function.capture(__MODULE__, :layer, 4 + length(tensors))
 
         Axon.layer(
           op,
@@ -79,7 +79,7 @@ defmodule ExlaRs.Axon do
       defp check_options!(opts) do
         ExlaRs.Attention.check_option_keys!(opts, "ExlaRs.Axon.attention/4", [:name])
 
-        for key <- [:kv_len, :q_start] do
+        for key <- ExlaRs.Attention.tensor_option_keys() do
           case opts[key] do
             nil ->
               :ok
@@ -98,17 +98,26 @@ defmodule ExlaRs.Axon do
       end
     end
 
-    @doc "Axon layer function: `ExlaRs.attention(q, k, v, opts)`."
-    def layer(q, k, v, opts), do: apply_layer(q, k, v, [], opts)
+    # One layer function per number of tensor options (0 to 5).
+    for n <- 0..length(ExlaRs.Attention.tensor_option_keys()) do
+      tensors = Macro.generate_arguments(n, __MODULE__)
 
-    @doc "Axon layer function with one of `:kv_len`/`:q_start` (named by `opts[:tensor_keys]`)."
-    def layer(q, k, v, t1, opts), do: apply_layer(q, k, v, [t1], opts)
+      if n == 0 do
+        @doc """
+        Axon layer function: `ExlaRs.attention(q, k, v, opts)`. `layer/5` to
+        `layer/9` take tensor options after `v`, named in order by
+        `opts[:tensor_keys]` (default: the first of `:kv_len`, `:q_start`,
+        `:key_mask`, `:bias`, `:alibi_slopes`).
+        """
+      else
+        @doc false
+      end
 
-    @doc "Axon layer function with `:kv_len` and `:q_start` (order from `opts[:tensor_keys]`)."
-    def layer(q, k, v, t1, t2, opts), do: apply_layer(q, k, v, [t1, t2], opts)
+      def layer(q, k, v, unquote_splicing(tensors), opts), do: apply_layer(q, k, v, unquote(tensors), opts)
+    end
 
     defp apply_layer(q, k, v, tensors, opts) do
-      keys = Keyword.get(opts, :tensor_keys, Enum.take([:kv_len, :q_start], length(tensors)))
+      keys = Keyword.get(opts, :tensor_keys, Enum.take(ExlaRs.Attention.tensor_option_keys(), length(tensors)))
       ExlaRs.Attention.attention(q, k, v, Keyword.take(opts, @attention_keys) ++ Enum.zip(keys, tensors))
     end
 

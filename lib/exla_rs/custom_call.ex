@@ -10,14 +10,26 @@ defmodule ExlaRs.CustomCall do
       exactly what the contract's `exla_rs_flash_attn_fwd`/`_bwd` take and return,
       and the native library says that configuration runs there
       (`ExlaRs.NIF.workspace_bytes/9` >= 0) within the workspace the traced
-      program carries, it makes sure our FFI targets are registered with XLA
-      (`ensure_registered/1`, before each lowering) and returns the custom call: our target name
-      and the attributes `scale`, `softcap` (`f32`), `window_left`,
-      `window_right` (`i64`) as typed MLIR attribute text;
-    * otherwise (another platform, `f64`, a head dim the kernels lack, a
+      program carries, and that the platform's handlers run every optional
+      feature the call uses (`features/1`), it makes sure our FFI targets are
+      registered with XLA (`ensure_registered/1`, before each lowering) and
+      returns the custom call: our target name and the attributes `scale`,
+      `softcap` (`f32`), `window_left`, `window_right` (`i64`) as typed MLIR
+      attribute text, plus `has_key_mask`, `has_bias`, `has_alibi` and (backward)
+      `bias_grad` as `"true"` for each one that is set (an absent one is false,
+      so a call without optional operands is the contract's original call);
+    * otherwise (another platform, `f64`, a head dim the kernels lack, an
+      optional feature the platform lacks, such as any of them on CUDA today, a
       workspace mismatch, registration failing) it returns `:skip`, and EXLA
       compiles the block's default function, the Nx fallback, which computes the
       same function.
+
+  ## Optional operands
+
+  The optional operands follow the required ones in the contract's fixed order,
+  each present exactly when its presence field of the tag is true:
+  `key_mask` (`has_key_mask`), `bias` (`has_bias`), `alibi_slopes`
+  (`has_alibi`). `optional_operands/1` is that order.
 
   ## The workspace
 
@@ -35,6 +47,15 @@ defmodule ExlaRs.CustomCall do
   alias ExlaRs.Attention.{Backward, Forward}
 
   @fwd_target "exla_rs_flash_attn_fwd"
+  # The contract's optional operands in their fixed order, with the tag field saying each is present.
+  @optional_operands [key_mask: :has_key_mask, bias: :has_bias, alibi_slopes: :has_alibi]
+  # The presence attributes as the contract names them, with the tag fields they reflect.
+  @presence_attributes [
+    {"has_key_mask", :has_key_mask},
+    {"has_bias", :has_bias},
+    {"has_alibi", :has_alibi},
+    {"bias_grad", :bias_grad}
+  ]
   @bwd_target "exla_rs_flash_attn_bwd"
   @registered_key {__MODULE__, :registered}
 
@@ -51,6 +72,7 @@ defmodule ExlaRs.CustomCall do
   def spec(tag, out, args, platform) do
     with true <- platform in [:host, :cuda],
          {:ok, pass, dtype, dims} <- match_call(tag, out, args),
+         true <- supports?(platform, required_features(tag)),
          need when need >= 0 <- native_workspace(pass, platform, dtype, dims),
          true <- need <= tag.workspace,
          :ok <- ensure_registered(platform) do
@@ -64,14 +86,59 @@ defmodule ExlaRs.CustomCall do
   The attributes of the custom call for `tag`, as EXLA's `backend_config`
   entries: `[{name, mlir_attribute_text}]`.
   """
-  def attributes(%{scale: scale, softcap: softcap, window_left: left, window_right: right}) do
+  def attributes(%{scale: scale, softcap: softcap, window_left: left, window_right: right} = tag) do
     [
       {"scale", f32(scale)},
       {"softcap", f32(softcap)},
       {"window_left", "#{left} : i64"},
       {"window_right", "#{right} : i64"}
-    ]
+    ] ++ for({name, field} <- @presence_attributes, Map.get(tag, field, false), do: {name, "true"})
   end
+
+  @doc """
+  The optional operands `tag` says are present, in the contract's fixed order:
+  a sublist of `[:key_mask, :bias, :alibi_slopes]`.
+  """
+  def optional_operands(tag), do: for({name, field} <- @optional_operands, Map.fetch!(tag, field), do: name)
+
+  @doc """
+  The tag fields that say which optional operands are present, for the given
+  operand names: `[has_key_mask: boolean, has_bias: boolean, has_alibi: boolean]`.
+  """
+  def presence_fields(names), do: for({name, field} <- @optional_operands, do: {field, name in names})
+
+  @doc """
+  The optional operands of a block's input list (everything after its required
+  operands), by name: `%{key_mask: t, bias: t, alibi_slopes: t}` with only the
+  present ones.
+  """
+  def optional_map(tag, optional), do: tag |> optional_operands() |> Enum.zip(optional) |> Map.new()
+
+  @doc """
+  The optional features a call of `tag` uses, named as `ExlaRs.NIF.feature_bits/0`
+  names them: its optional operands, and `:bias_grad` when it returns `dbias`.
+  """
+  def required_features(tag) do
+    optional_operands(tag) ++ if(Map.get(tag, :bias_grad, false), do: [:bias_grad], else: [])
+  end
+
+  @doc """
+  The optional features the handlers of `platform` (`:host` or `:cuda`) run, as the
+  native library reports them (`exla_rs_flash_attn_features`): a sublist of
+  `[:key_mask, :bias, :alibi_slopes, :bias_grad]`, empty when the library is not loaded.
+  """
+  def features(platform) when platform in [:host, :cuda] do
+    case ExlaRs.NIF.flash_attn_features(platform_code(platform)) do
+      bits when bits >= 0 -> for {name, bit} <- ExlaRs.NIF.feature_bits(), Bitwise.band(bits, bit) != 0, do: name
+      _unknown -> []
+    end
+  rescue
+    _ in [ErlangError, UndefinedFunctionError] -> []
+  end
+
+  # A call without optional features asks nothing (the base contract runs everywhere).
+  defp supports?(_platform, []), do: true
+  defp supports?(platform, needed), do: needed -- features(platform) == []
 
   defp target(%Forward{}), do: @fwd_target
   defp target(%Backward{}), do: @bwd_target
@@ -98,8 +165,7 @@ defmodule ExlaRs.CustomCall do
   defp native_workspace(pass, platform, dtype, [b, sq, sk, h, hkv, d]) do
     with {:ok, dtype_code} <- ffi_dtype(dtype) do
       pass_code = if pass == :forward, do: 0, else: 1
-      platform_code = if platform == :cuda, do: 1, else: 0
-      ExlaRs.NIF.workspace_bytes(pass_code, platform_code, dtype_code, b, sq, sk, h, hkv, d)
+      ExlaRs.NIF.workspace_bytes(pass_code, platform_code(platform), dtype_code, b, sq, sk, h, hkv, d)
     else
       _ -> -1
     end
@@ -107,16 +173,28 @@ defmodule ExlaRs.CustomCall do
     _ in [ErlangError, UndefinedFunctionError] -> -1
   end
 
+  # The contract's platform codes.
+  defp platform_code(:host), do: 0
+  defp platform_code(:cuda), do: 1
+
   @doc """
   The one layout of a block's results, shared by the output templates, the Nx
-  fallback and the custom-call check: the pass's `results` (`[o, lse]` or
-  `[dq, dk, dv]`), then the `u8` workspace, made by `workspace.(bytes)`, when the
-  tag carries one. Returns a tuple.
+  fallback and the custom-call check. `results` are the pass's candidates:
+  `[o, lse]` for the forward, `[dq, dk, dv, dbias]` for the backward (`dbias`
+  may be `nil` when the tag has no bias). The block returns `o, lse`, or
+  `dq, dk, dv` followed by `dbias` only when the tag's `bias_grad` is set, then
+  the `u8` workspace, made by `workspace.(bytes)`, when the tag carries one.
+  Returns a tuple.
   """
-  def block_results(%{workspace: bytes}, results, workspace) when bytes > 0,
+  def block_results(%Forward{} = tag, [_o, _lse] = results, workspace), do: with_workspace(tag, results, workspace)
+
+  def block_results(%Backward{bias_grad: grad?} = tag, [dq, dk, dv, dbias], workspace),
+    do: with_workspace(tag, [dq, dk, dv] ++ if(grad?, do: [dbias], else: []), workspace)
+
+  defp with_workspace(%{workspace: bytes}, results, workspace) when bytes > 0,
     do: List.to_tuple(results ++ [workspace.(bytes)])
 
-  def block_results(_tag, results, _workspace), do: List.to_tuple(results)
+  defp with_workspace(_tag, results, _workspace), do: List.to_tuple(results)
 
   @doc """
   The XLA FFI data type code of an Nx type that the kernels take (`XLA_FFI_DataType`:
@@ -222,18 +300,21 @@ defmodule ExlaRs.CustomCall do
   defp reason_text(other), do: inspect(other)
 
   # The operands and results the contract specifies, checked on the templates.
-  defp match_call(%Forward{} = tag, out, [q, k, v, kv_len, q_start]) do
+  defp match_call(%Forward{} = tag, out, [q, k, v, kv_len, q_start | optional]) do
     with {:ok, dtype, [b, sq, _sk, h, _hkv, _d] = dims} <- match_qkv(q, k, v, kv_len, q_start),
+         {:ok, _optional} <- match_optional(tag, optional, dims),
          true <- results(out) == expected(tag, [like(q), {{:f, 32}, {b, h, sq}}]) do
       {:ok, :forward, dtype, dims}
     end
   end
 
-  defp match_call(%Backward{} = tag, out, [q, k, v, kv_len, q_start, o, lse, d_o]) do
+  defp match_call(%Backward{} = tag, out, [q, k, v, kv_len, q_start, o, lse, d_o | optional]) do
     with {:ok, dtype, [b, sq, _sk, h, _hkv, _d] = dims} <- match_qkv(q, k, v, kv_len, q_start),
          true <- like(o) == like(q) and like(d_o) == like(q),
          true <- like(lse) == {{:f, 32}, {b, h, sq}},
-         true <- results(out) == expected(tag, [like(q), like(k), like(v)]) do
+         true <- tag.has_bias or not tag.bias_grad,
+         {:ok, optional} <- match_optional(tag, optional, dims),
+         true <- results(out) == expected(tag, [like(q), like(k), like(v), like(optional[:bias])]) do
       {:ok, :backward, dtype, dims}
     end
   end
@@ -252,6 +333,28 @@ defmodule ExlaRs.CustomCall do
   end
 
   defp match_qkv(_q, _k, _v, _kv_len, _q_start), do: :error
+
+  # The optional operands the tag announces, each of the contract's shape and type.
+  defp match_optional(tag, optional, dims) do
+    names = optional_operands(tag)
+
+    if length(optional) == length(names) and
+         Enum.all?(Enum.zip(names, optional), fn {name, t} -> optional_ok?(name, like(t), dims) end),
+       do: {:ok, Map.new(Enum.zip(names, optional))},
+       else: :error
+  end
+
+  @mask_types for kind <- [:s, :u], bits <- [8, 16, 32, 64], do: {kind, bits}
+
+  defp optional_ok?(:key_mask, {type, shape}, [b, _sq, sk | _]), do: type in @mask_types and shape == {b, sk}
+  defp optional_ok?(:alibi_slopes, {type, shape}, [_b, _sq, _sk, h | _]), do: type == {:f, 32} and shape == {h}
+
+  defp optional_ok?(:bias, {type, {_, _, _, _} = shape}, [b, sq, sk, h | _]) do
+    type in [{:f, 32}, {:f, 16}, {:bf, 16}] and
+      Enum.all?(Enum.zip(Tuple.to_list(shape), [b, h, sq, sk]), fn {n, full} -> n in [1, full] end)
+  end
+
+  defp optional_ok?(_name, _like, _dims), do: false
 
   defp results(out) when is_tuple(out), do: out |> Tuple.to_list() |> Enum.map(&like/1)
   defp results(_out), do: :mismatch

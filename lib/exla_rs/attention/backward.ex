@@ -3,23 +3,42 @@ defmodule ExlaRs.Attention.Backward do
   The `Nx.block/4` tag of the fused attention backward pass.
 
   Its inputs are `q, k, v, kv_len, q_start, o, lse, do` (`o` and `lse` exactly as
-  the forward block returned them, `do` the cotangent of `o`, typed like `o`) and
-  its output is `{dq, dk, dv}`, or `{dq, dk, dv, workspace}` when `workspace > 0`.
-  With EXLA it lowers to the `exla_rs_flash_attn_bwd` custom call; everywhere else
-  its default function, `ExlaRs.Attention.Fallback.backward/9`, computes the same
-  gradients in plain Nx.
+  the forward block returned them, `do` the cotangent of `o`, typed like `o`),
+  then the forward's optional operands, in the same order. Its output is
+  `{dq, dk, dv}`, then `dbias` (shaped and typed like the bias) when `bias_grad`
+  is true, then the `u8` workspace when `workspace > 0`
+  (`ExlaRs.CustomCall.block_results/3` is that layout). With EXLA it lowers to the
+  `exla_rs_flash_attn_bwd` custom call; everywhere else its default function,
+  `ExlaRs.Attention.Fallback.backward/9` (to `/12`), computes the same gradients
+  in plain Nx.
 
-  The fields mean what they mean in `ExlaRs.Attention.Forward`.
+  The fields mean what they mean in `ExlaRs.Attention.Forward`, plus:
+
+    * `:bias_grad` - whether the block returns `dbias` (requires `has_bias`)
   """
 
   @enforce_keys [:scale, :softcap, :window_left, :window_right]
-  defstruct [:scale, :softcap, :window_left, :window_right, workspace: 0]
+  defstruct [
+    :scale,
+    :softcap,
+    :window_left,
+    :window_right,
+    has_key_mask: false,
+    has_bias: false,
+    has_alibi: false,
+    bias_grad: false,
+    workspace: 0
+  ]
 
   @type t :: %__MODULE__{
           scale: float,
           softcap: float,
           window_left: integer,
           window_right: integer,
+          has_key_mask: boolean,
+          has_bias: boolean,
+          has_alibi: boolean,
+          bias_grad: boolean,
           workspace: non_neg_integer
         }
 end

@@ -10,32 +10,72 @@ defmodule ExlaRs.Attention.Fallback do
     It materialises the `[B, H, Sq, Sk]` logits, so it takes O(Sq·Sk) memory; the
     fused kernels do not. Numerics follow the kernels: `f16`/`bf16` inputs are
     widened to `f32` before every product and sum (`f64` stays `f64`), the
-    softmax subtracts the row maximum of the visible logits, and a row with no
-    visible key yields `lse = -inf` and `o = 0`, never NaN.
+    softmax subtracts the row maximum of the visible scores, and a row with no
+    visible key (or whose visible scores are all `-inf`, from a `-inf` bias)
+    yields `lse = -inf` and `o = 0`, never NaN, and no gradient.
+
+    The block's optional operands (`key_mask`, `bias`, `alibi_slopes`, those the
+    tag says are present, in that order) come after the required ones, so the
+    default functions have one arity per number of optional operands:
+    `forward/6` to `forward/9`, `backward/9` to `backward/12`.
 
     Every function here takes already validated arguments (see `ExlaRs.Attention`).
     """
 
     alias ExlaRs.Attention.{Backward, Forward}
 
-    @doc """
-    The forward pass: `{o, lse}` (plus a zero `u8` workspace when the tag has one).
+    # The default functions, one arity per number of optional operands.
+    for n <- 0..3 do
+      optional = Macro.generate_arguments(n, __MODULE__)
 
-    `q` is `[B, Sq, H, D]`, `k` and `v` are `[B, Sk, Hkv, D]`, `kv_len` and
-    `q_start` are `s32[B]`. `o` is `[B, Sq, H, D]` in the type of `q`, `lse` is
-    `f32[B, H, Sq]` (`f64` for `f64` inputs).
-    """
-    def forward(%Forward{} = tag, q, k, v, kv_len, q_start) do
+      if n == 0 do
+        @doc """
+        The forward pass: `{o, lse}` (plus a zero `u8` workspace when the tag has one).
+
+        `q` is `[B, Sq, H, D]`, `k` and `v` are `[B, Sk, Hkv, D]`, `kv_len` and
+        `q_start` are `s32[B]`, then the optional operands the tag announces
+        (`forward/7` to `forward/9`). `o` is `[B, Sq, H, D]` in the type of `q`,
+        `lse` is `f32[B, H, Sq]` (`f64` for `f64` inputs).
+        """
+      else
+        @doc false
+      end
+
+      def forward(%Forward{} = tag, q, k, v, kv_len, q_start, unquote_splicing(optional)) do
+        forward_pass(tag, q, k, v, kv_len, q_start, ExlaRs.CustomCall.optional_map(tag, unquote(optional)))
+      end
+
+      if n == 0 do
+        @doc """
+        The backward pass: `{dq, dk, dv}`, then `dbias` when the tag's `bias_grad`
+        is set (plus a zero `u8` workspace when the tag has one): the gradients of
+        `sum(o * do)` with respect to `q`, `k`, `v` and the bias, given the
+        forward's own `o` and `lse`, and the forward's optional operands after `do`
+        (`backward/10` to `backward/12`).
+        """
+      else
+        @doc false
+      end
+
+      def backward(%Backward{} = tag, q, k, v, kv_len, q_start, o, lse, d_o, unquote_splicing(optional)) do
+        optional = ExlaRs.CustomCall.optional_map(tag, unquote(optional))
+        backward_pass(tag, q, k, v, kv_len, q_start, o, lse, d_o, optional)
+      end
+    end
+
+    defp forward_pass(tag, q, k, v, kv_len, q_start, optional) do
       {b, sq, h, d} = Nx.shape(q)
       acc = acc_type(Nx.type(q))
 
-      %{s: s, mask: mask} = logits(tag, q, k, kv_len, q_start, acc)
+      %{z: z, mask: mask} = logits(tag, q, k, kv_len, q_start, optional, acc)
 
-      # Hidden logits become -inf before exp (exp(-inf) = 0): exp never sees a
-      # hidden logit above the row maximum, so it cannot overflow.
-      masked = Nx.select(mask, s, Nx.Constants.neg_infinity(acc))
+      # Hidden scores become -inf before exp (exp(-inf) = 0): exp never sees a
+      # hidden score above the row maximum, so it cannot overflow (and a bias's
+      # value at a hidden entry, NaN included, is never read).
+      masked = Nx.select(mask, z, Nx.Constants.neg_infinity(acc))
       row_max = Nx.reduce_max(masked, axes: [4], keep_axes: true)
-      # A row with no visible key has max -inf; shift it by 0 instead (its p is all 0).
+      # A row with no visible key (or only -inf scores) has max -inf; shift it by 0
+      # instead (its p is all 0).
       row_max = Nx.select(Nx.is_infinity(row_max), Nx.tensor(0, type: acc), row_max)
       p = Nx.exp(Nx.subtract(masked, row_max))
       l = Nx.sum(p, axes: [4], keep_axes: true)
@@ -58,25 +98,20 @@ defmodule ExlaRs.Attention.Fallback do
       with_workspace(tag, [o, lse])
     end
 
-    @doc """
-    The backward pass: `{dq, dk, dv}` (plus a zero `u8` workspace when the tag has
-    one), the gradients of `sum(o * do)` with respect to `q`, `k` and `v`, given
-    the forward's own `o` and `lse`.
-    """
-    def backward(%Backward{} = tag, q, k, v, kv_len, q_start, o, lse, d_o) do
+    defp backward_pass(tag, q, k, v, kv_len, q_start, o, lse, d_o, optional) do
       {b, sq, h, d} = Nx.shape(q)
       {_, _sk, hkv, _} = Nx.shape(k)
       g = div(h, hkv)
       acc = acc_type(Nx.type(q))
       zero = Nx.tensor(0, type: acc)
 
-      %{s: s, mask: mask, qf: qf, kf: kf} = logits(tag, q, k, kv_len, q_start, acc)
+      %{s: s, z: z, mask: mask, qf: qf, kf: kf} = logits(tag, q, k, kv_len, q_start, optional, acc)
 
       lse = lse |> Nx.as_type(acc) |> Nx.reshape({b, hkv, g, sq, 1})
       empty = Nx.is_infinity(lse)
       lse_safe = Nx.select(empty, zero, lse)
       visible = Nx.logical_and(mask, Nx.broadcast(Nx.logical_not(empty), Nx.shape(mask)))
-      p = Nx.exp(Nx.subtract(Nx.select(visible, s, Nx.Constants.neg_infinity(acc)), lse_safe))
+      p = Nx.exp(Nx.subtract(Nx.select(visible, z, Nx.Constants.neg_infinity(acc)), lse_safe))
 
       dof = groups_first(d_o, hkv, acc)
       of = groups_first(o, hkv, acc)
@@ -88,7 +123,8 @@ defmodule ExlaRs.Attention.Fallback do
       dp = Nx.dot(dof, [4], [0, 1], vf, [3], [0, 1])
       # delta = rowsum(do * o): [B, Hkv, G, Sq, 1]
       delta = Nx.multiply(dof, of) |> Nx.sum(axes: [4], keep_axes: true)
-      # ds = p * (dp - delta), the gradient with respect to the (soft-capped) logits.
+      # ds = p * (dp - delta), the gradient with respect to the final score z (the
+      # soft-capped logit plus bias and ALiBi): dbias is ds summed over its broadcast.
       ds = Nx.multiply(p, Nx.subtract(dp, delta))
 
       # Through the soft cap: d(c * tanh(x / c))/dx = 1 - tanh^2 = 1 - (s / c)^2.
@@ -111,13 +147,30 @@ defmodule ExlaRs.Attention.Fallback do
       # dx [B, Hkv, G, Sq, Sk] x q [B, Hkv, G, Sq, D] over (G, Sq) -> [B, Hkv, Sk, D]
       dk = Nx.dot(dx, [2, 3], [0, 1], qf, [2, 3], [0, 1]) |> Nx.transpose(axes: [0, 2, 1, 3])
 
-      with_workspace(tag, [Nx.as_type(dq, Nx.type(q)), Nx.as_type(dk, Nx.type(k)), Nx.as_type(dv, Nx.type(v))])
+      dbias = if tag.bias_grad, do: bias_grad(ds, optional.bias)
+
+      with_workspace(tag, [Nx.as_type(dq, Nx.type(q)), Nx.as_type(dk, Nx.type(k)), Nx.as_type(dv, Nx.type(v)), dbias])
+    end
+
+    # dbias[bb, hb, ib, jb] = the sum of ds over every (b, h, i, j) reading that
+    # entry: ds summed over the bias's broadcast (size-1) dimensions, rounded once
+    # to the bias's type. ds is [B, Hkv, G, Sq, Sk] with h = hkv * G + g, so a full
+    # head dimension is axes 1 and 2 merged.
+    defp bias_grad(ds, bias) do
+      {bb, hb, sqb, skb} = Nx.shape(bias)
+      axes = for {1, axes} <- [{bb, [0]}, {hb, [1, 2]}, {sqb, [3]}, {skb, [4]}], axis <- axes, do: axis
+
+      ds
+      |> Nx.sum(axes: axes, keep_axes: true)
+      |> Nx.reshape(Nx.shape(bias))
+      |> Nx.as_type(Nx.type(bias))
     end
 
     @doc false
-    # The (scaled, soft-capped) logits and the visibility mask, both
-    # [B, Hkv, G, Sq, Sk]; query head h = hkv * G + g reads kv head hkv.
-    def logits(tag, q, k, kv_len, q_start, acc) do
+    # The (scaled, soft-capped) logits s, the final scores z = s + bias + ALiBi
+    # and the visibility mask, all [B, Hkv, G, Sq, Sk]; query head h = hkv * G + g
+    # reads kv head hkv. `optional` holds the present optional operands by name.
+    def logits(tag, q, k, kv_len, q_start, optional, acc) do
       {b, sq, _h, _d} = Nx.shape(q)
       {_, sk, hkv, _} = Nx.shape(k)
 
@@ -134,9 +187,53 @@ defmodule ExlaRs.Attention.Fallback do
           x
         end
 
-      # Nx.select takes its shape from the predicate: give the mask the logits' shape.
-      mask = tag |> mask(kv_len, q_start, b, sq, sk) |> Nx.broadcast(Nx.shape(x))
-      %{s: s, qf: qf, kf: kf, mask: mask}
+      # The bias and ALiBi come after scale and softcap: the cap never touches them.
+      z =
+        s
+        |> add_bias(optional[:bias], hkv, acc)
+        |> add_alibi(optional[:alibi_slopes], q_start, hkv, acc)
+
+      # Nx.select takes its shape from the predicate: give the mask the scores' shape.
+      mask =
+        tag
+        |> mask(kv_len, q_start, b, sq, sk)
+        |> and_key_mask(optional[:key_mask])
+        |> Nx.broadcast(Nx.shape(x))
+
+      %{s: s, z: z, qf: qf, kf: kf, mask: mask}
+    end
+
+    # bias [Bb, Hb, Sqb, Skb], each dimension 1 or full, read in the accumulation
+    # type; a full head dimension splits as (Hkv, G) like the scores' heads.
+    defp add_bias(s, nil, _hkv, _acc), do: s
+
+    defp add_bias(s, bias, hkv, acc) do
+      {bb, hb, sqb, skb} = Nx.shape(bias)
+      heads = if hb == 1, do: [1, 1], else: [hkv, div(hb, hkv)]
+      bias = bias |> Nx.as_type(acc) |> Nx.reshape(List.to_tuple([bb | heads] ++ [sqb, skb]))
+      Nx.add(s, bias)
+    end
+
+    # -slope[h] * |q_start[b] + i - j|: the distance in s64, the product in the
+    # accumulation type (f32 for the kernels' types, as the contract says).
+    defp add_alibi(s, nil, _q_start, _hkv, _acc), do: s
+
+    defp add_alibi(s, slopes, q_start, hkv, acc) do
+      {b, _hkv, g, sq, sk} = Nx.shape(s)
+      i = Nx.iota({1, sq, 1}, axis: 1, type: {:s, 64})
+      j = Nx.iota({1, 1, sk}, axis: 2, type: {:s, 64})
+      pos = q_start |> Nx.as_type({:s, 64}) |> Nx.reshape({b, 1, 1}) |> Nx.add(i)
+      distance = pos |> Nx.subtract(j) |> Nx.abs() |> Nx.as_type(acc) |> Nx.reshape({b, 1, 1, sq, sk})
+      slopes = slopes |> Nx.as_type(acc) |> Nx.reshape({1, hkv, g, 1, 1})
+      Nx.subtract(s, Nx.multiply(slopes, distance))
+    end
+
+    # key_mask [B, Sk]: nonzero = visible to every query of that batch row.
+    defp and_key_mask(visible, nil), do: visible
+
+    defp and_key_mask(visible, key_mask) do
+      {b, sk} = Nx.shape(key_mask)
+      Nx.logical_and(visible, key_mask |> Nx.not_equal(0) |> Nx.reshape({b, 1, 1, 1, sk}))
     end
 
     @doc false
