@@ -93,90 +93,31 @@ defmodule ExlaRs.AttentionTest do
     test "Nx.Defn.grad through attention/4 matches the reference gradient" do
       for seed <- 0..39 do
         {q, k, v, opts} = Ref.random_case(1000 + seed, [{:f, 32}, {:f, 64}])
-        check_grads(seed, q, k, v, opts, false)
+        Ref.check_grads(seed, q, k, v, opts, false)
       end
     end
 
     test "gradients through both outputs of attention_with_lse/4" do
       for seed <- 0..19 do
         {q, k, v, opts} = Ref.random_case(2000 + seed, [{:f, 32}, {:f, 64}])
-        check_grads(seed, q, k, v, opts, true)
+        Ref.check_grads(seed, q, k, v, opts, true)
       end
     end
 
     test "f16 and bf16 gradients are close to the reference on the rounded inputs" do
       for seed <- 0..9, type <- [{:f, 16}, {:bf, 16}], with_lse? <- [false, true] do
         {q, k, v, opts} = Ref.random_case(3000 + seed, [type])
-        check_grads(seed, q, k, v, opts, with_lse?)
+        Ref.check_grads(seed, q, k, v, opts, with_lse?)
       end
     end
 
     test "the gradient through lse alone" do
       for seed <- 0..19 do
         {q, k, v, opts} = Ref.random_case(4000 + seed)
-        check_grads(seed, q, k, v, opts, :lse_only)
+        Ref.check_grads(seed, q, k, v, opts, :lse_only)
       end
     end
 
-  end
-
-  defp check_grads(seed, q, k, v, opts, with_lse?) do
-    :rand.seed(:exsss, {seed, 5, 9})
-    {b, sq, h, _} = Nx.shape(q)
-    w = Ref.random_like(q)
-    w2 = Ref.random_like(Nx.iota({b, h, sq}))
-    c = Ref.config(q, k, opts)
-    mask = Ref.mask(q, k, opts)
-
-    # with_lse?: false (loss on o), true (on o and lse), :lse_only.
-    loss = fn {q, k, v}, w, w2 ->
-      if with_lse? do
-        {o, lse} = ExlaRs.attention_with_lse(q, k, v, opts)
-        lse = Nx.select(Nx.is_infinity(lse), 0, lse)
-        lse_part = Nx.sum(Nx.multiply(lse, w2))
-        if with_lse? == :lse_only, do: lse_part, else: Nx.add(Nx.sum(Nx.multiply(o, w)), lse_part)
-      else
-        Nx.sum(Nx.multiply(ExlaRs.attention(q, k, v, opts), w))
-      end
-    end
-
-    ref_loss = fn {q, k, v}, w, w2, mask ->
-      {o, lse} = Ref.naive(q, k, v, mask, c)
-      o_part = Nx.sum(Nx.multiply(o, w))
-      lse_part = Nx.sum(Nx.multiply(lse, w2))
-
-      case with_lse? do
-        false -> o_part
-        true -> Nx.add(o_part, lse_part)
-        :lse_only -> lse_part
-      end
-    end
-
-    # kv_len/q_start tensors inside opts are captured, so grad eagerly
-    # through the evaluator (Nx.Defn.grad/2 outside jit traces the function).
-    got = Nx.Defn.grad({q, k, v}, fn qkv -> loss.(qkv, w, w2) end)
-
-    want =
-      Nx.Defn.jit(fn q, k, v, w, w2, mask ->
-        Nx.Defn.grad({q, k, v}, fn qkv -> ref_loss.(qkv, w, w2, mask) end)
-      end).(Nx.as_type(q, :f64), Nx.as_type(k, :f64), Nx.as_type(v, :f64), w, w2, mask)
-
-    # atol is relative to the largest gradient entry: f16/bf16 round the o that
-    # the backward reads (as the kernels do) and the results.
-    {atol, rtol} =
-      case Nx.type(q) do
-        {:f, 64} -> {1.0e-9, 1.0e-9}
-        {:f, 32} -> {2.0e-5, 1.0e-4}
-        {:f, 16} -> {5.0e-3, 1.0e-2}
-        {:bf, 16} -> {5.0e-2, 5.0e-2}
-      end
-
-    for {name, g, r, x} <- Enum.zip([[:dq, :dk, :dv], Tuple.to_list(got), Tuple.to_list(want), [q, k, v]]) do
-      atol = atol * max(1.0, r |> Nx.abs() |> Nx.reduce_max() |> Nx.to_number())
-      assert Nx.type(g) == Nx.type(x)
-      assert Nx.shape(g) == Nx.shape(x)
-      Ref.assert_close(g, r, atol, rtol, "#{name}, seed #{seed} #{inspect(Nx.type(q))} #{inspect(opts)}")
-    end
   end
 
   describe "the traced program" do

@@ -12,7 +12,12 @@ unless Code.ensure_loaded?(ExlaRs.NxTest.Reference) do
       y
     end
 
-    @doc "Resolved options: the same defaults the contract gives, as plain values."
+    @doc """
+    Resolved options: the same defaults the contract gives, as plain values. The
+    key mask is a list of rows (or nil), the bias a nested list of its own shape
+    (entries are floats or :neg_infinity) with `bias_shape`, the ALiBi slopes a
+    list of the f32 values the kernels read (or nil).
+    """
     def config(q, k, opts) do
       {b, sq, _h, d} = Nx.shape(q)
       {_, sk, _hkv, _} = Nx.shape(k)
@@ -26,7 +31,11 @@ unless Code.ensure_loaded?(ExlaRs.NxTest.Reference) do
         left: left,
         right: right,
         kv_len: rows(opts[:kv_len], b, sk),
-        q_start: rows(opts[:q_start], b, sk - sq)
+        q_start: rows(opts[:q_start], b, sk - sq),
+        key_mask: opts[:key_mask] && Nx.to_list(opts[:key_mask]),
+        bias: opts[:bias] && opts[:bias] |> Nx.as_type(:f64) |> Nx.to_list(),
+        bias_shape: opts[:bias] && Nx.shape(opts[:bias]),
+        slopes: opts[:alibi_slopes] && opts[:alibi_slopes] |> Nx.as_type(:f32) |> Nx.to_flat_list()
       }
     end
 
@@ -37,8 +46,22 @@ unless Code.ensure_loaded?(ExlaRs.NxTest.Reference) do
       qs = Enum.at(c.q_start, b)
 
       j < Enum.at(c.kv_len, b) and (c.left < 0 or j >= qs + i - c.left) and
-        (c.right < 0 or j <= qs + i + c.right)
+        (c.right < 0 or j <= qs + i + c.right) and
+        (c.key_mask == nil or c.key_mask |> Enum.at(b) |> Enum.at(j) != 0)
     end
+
+    @doc "The bias term of score (b, h, i, j): 0.0 without a bias; size-1 dimensions broadcast."
+    def bias_at(%{bias: nil}, _b, _h, _i, _j), do: 0.0
+
+    def bias_at(%{bias: bias, bias_shape: shape}, b, h, i, j) do
+      [b, h, i, j]
+      |> Enum.zip(Tuple.to_list(shape))
+      |> Enum.reduce(bias, fn {index, n}, acc -> Enum.at(acc, if(n == 1, do: 0, else: index)) end)
+    end
+
+    @doc "The ALiBi term of score (b, h, i, j): -slope[h] * |q_start[b] + i - j|, or 0.0."
+    def alibi_at(%{slopes: nil}, _b, _h, _i, _j), do: 0.0
+    def alibi_at(c, b, h, i, j), do: -Enum.at(c.slopes, h) * abs(Enum.at(c.q_start, b) + i - j)
 
     @doc "{o, lse} in f64, from the contract's definition, element by element."
     def forward(q, k, v, opts) do
@@ -55,12 +78,13 @@ unless Code.ensure_loaded?(ExlaRs.NxTest.Reference) do
           qv = ql |> Enum.at(bi) |> Enum.at(i) |> Enum.at(hi)
           kh = div(hi, g)
 
+          # A bias of -inf hides its key like the mask (it gets weight 0).
           scores =
-            for j <- 0..(sk - 1), visible?(c, bi, i, j) do
+            for j <- 0..(sk - 1), visible?(c, bi, i, j), beta = bias_at(c, bi, hi, i, j), beta != :neg_infinity do
               kv = kl |> Enum.at(bi) |> Enum.at(j) |> Enum.at(kh)
               x = c.scale * dot(qv, kv)
               s = if c.softcap > 0, do: c.softcap * :math.tanh(x / c.softcap), else: x
-              {j, s}
+              {j, s + beta + alibi_at(c, bi, hi, i, j)}
             end
 
           d = length(qv)
@@ -113,9 +137,11 @@ unless Code.ensure_loaded?(ExlaRs.NxTest.Reference) do
 
     @doc """
     {o, lse} as a naive, differentiable f64 Nx program (lse is 0 for a row that
-    sees nothing, o is 0 there). `mask` from mask/3, `c` from config/3.
+    sees nothing, o is 0 there). `mask` from mask/3, `c` from config/3 (for the
+    ALiBi slopes), `bias` the (differentiable) bias tensor or nil: a -inf bias
+    entry hides its key.
     """
-    def naive(q, k, v, mask, c) do
+    def naive(q, k, v, mask, c, bias \\ nil) do
       {_b, _sq, h, _d} = Nx.shape(q)
       {_, _sk, hkv, _} = Nx.shape(k)
       g = div(h, hkv)
@@ -126,7 +152,9 @@ unless Code.ensure_loaded?(ExlaRs.NxTest.Reference) do
 
       x = Nx.dot(q, [3], [0, 1], k, [3], [0, 1]) |> Nx.multiply(c.scale)
       s = if c.softcap > 0, do: Nx.multiply(Nx.tanh(Nx.divide(x, c.softcap)), c.softcap), else: x
-      mask = Nx.broadcast(mask, Nx.shape(s))
+      s = if bias, do: Nx.add(s, Nx.as_type(bias, :f64)), else: s
+      s = if c.slopes, do: Nx.add(s, alibi(c, Nx.shape(s))), else: s
+      mask = Nx.logical_and(Nx.broadcast(mask, Nx.shape(s)), Nx.not_equal(s, Nx.Constants.neg_infinity(:f64)))
       s = Nx.select(mask, s, -1.0e30)
       m = s |> Nx.reduce_max(axes: [3], keep_axes: true) |> Nx.Defn.Kernel.stop_grad()
       e = Nx.multiply(Nx.exp(Nx.subtract(s, m)), mask)
@@ -138,12 +166,23 @@ unless Code.ensure_loaded?(ExlaRs.NxTest.Reference) do
       {o, lse}
     end
 
+    # The ALiBi term as an f64 {B, H, Sq, Sk} constant.
+    defp alibi(c, {b, h, sq, sk}) do
+      for(bi <- 0..(b - 1), hi <- 0..(h - 1), i <- 0..(sq - 1), j <- 0..(sk - 1), do: alibi_at(c, bi, hi, i, j) / 1)
+      |> Nx.tensor(type: :f64)
+      |> Nx.reshape({b, h, sq, sk})
+    end
+
     ## Random cases
 
     @types [{:f, 32}, {:f, 16}, {:bf, 16}, {:f, 64}]
 
-    @doc "A random case: {q, k, v, opts}. Every option appears in some cases."
-    def random_case(seed, types \\ @types) do
+    @doc """
+    A random case: {q, k, v, opts}. Every option appears in some cases; `extras`
+    (a sublist of [:key_mask, :bias, :alibi_slopes]) are drawn after the others,
+    so a seed gives the same base case with or without them.
+    """
+    def random_case(seed, types \\ @types, extras \\ []) do
       :rand.seed(:exsss, {seed, 17, 42})
       b = pick([1, 2])
       hkv = pick([1, 2])
@@ -168,14 +207,57 @@ unless Code.ensure_loaded?(ExlaRs.NxTest.Reference) do
         |> maybe(:kv_len, fn -> Nx.tensor(for(_ <- 1..b, do: pick(0..sk)), type: :s32) end)
         |> maybe(:q_start, fn -> Nx.tensor(for(_ <- 1..b, do: pick(-2..sk)), type: :s32) end)
 
+      dims = %{b: b, h: h, sq: sq, sk: sk, type: type}
+      opts = Enum.reduce(extras, opts, fn name, opts -> maybe(opts, name, fn -> extra(name, dims) end) end)
       {q, k, v, opts}
     end
+
+    @doc "A random key mask {b, sk}: random holes, left or right padding, or a hidden row."
+    def key_mask(b, sk, pattern \\ nil) do
+      rows =
+        for _ <- 1..b do
+          case pattern || pick([:holes, :left_pad, :right_pad, :none_visible]) do
+            :holes -> for _ <- 1..sk, do: pick([0, 1, 1, 2])
+            :left_pad -> padded(:left, sk, pick(0..sk))
+            :right_pad -> padded(:right, sk, pick(0..sk))
+            :none_visible -> List.duplicate(0, sk)
+          end
+        end
+
+      Nx.tensor(rows, type: pick([:u8, :s32, :s64, :u32]))
+    end
+
+    # n visible keys, the padding on the left or the right.
+    defp padded(:left, sk, n), do: List.duplicate(0, sk - n) ++ List.duplicate(1, n)
+    defp padded(:right, sk, n), do: List.duplicate(1, n) ++ List.duplicate(0, sk - n)
+
+    @doc "A random bias: each dimension of {b, h, sq, sk} 1 or full, normal values."
+    def bias(dims, shape \\ nil, type \\ nil) do
+      shape = shape || List.to_tuple(for n <- [dims.b, dims.h, dims.sq, dims.sk], do: pick([1, n]))
+      type = type || if(dims.type == {:f, 64}, do: {:f, 64}, else: pick([{:f, 32}, {:f, 16}, {:bf, 16}]))
+      normal(shape, type)
+    end
+
+    @doc "Random ALiBi slopes {h}: ALiBi's geometric ones or uniform in [0, 1)."
+    def alibi_slopes(h) do
+      slopes =
+        if pick([true, false]),
+          do: for(i <- 1..h, do: :math.pow(2, -8 * i / h)),
+          else: for(_ <- 1..h, do: :rand.uniform())
+
+      Nx.tensor(slopes, type: :f32)
+    end
+
+    defp extra(:key_mask, dims), do: key_mask(dims.b, dims.sk)
+    defp extra(:bias, dims), do: bias(dims)
+    defp extra(:alibi_slopes, dims), do: alibi_slopes(dims.h)
 
     defp maybe(opts, key, fun), do: if(pick([true, false]), do: Keyword.put(opts, key, fun.()), else: opts)
 
     defp pick(enum), do: Enum.random(enum)
 
-    defp normal(shape, type) do
+    @doc "A normal(0, 1.5) tensor of `shape`, rounded to `type`."
+    def normal(shape, type) do
       n = Tuple.product(shape)
       Nx.tensor(for(_ <- 1..n, do: :rand.normal() * 1.5), type: :f64) |> Nx.reshape(shape) |> Nx.as_type(type)
     end
@@ -215,6 +297,94 @@ unless Code.ensure_loaded?(ExlaRs.NxTest.Reference) do
     def tol({:f, 16}), do: {4.0e-3, 2.0e-3}
     def tol({:bf, 16}), do: {3.0e-2, 1.0e-2}
 
+    ## Gradients
+
+    @doc """
+    Asserts that the gradients of a random linear loss through `ExlaRs.attention/4`
+    (`with_lse?` false), through both outputs of `attention_with_lse/4` (true) or
+    through its lse alone (:lse_only) match autodiff of the naive float64
+    reference: with respect to q, k, v and, when opts has a `:bias`, the bias.
+    """
+    def check_grads(seed, q, k, v, opts, with_lse?) do
+      :rand.seed(:exsss, {seed, 5, 9})
+      {b, sq, h, _} = Nx.shape(q)
+      w = random_like(q)
+      w2 = random_like(Nx.iota({b, h, sq}))
+      c = config(q, k, opts)
+      mask = mask(q, k, opts)
+      {bias, opts} = Keyword.pop(opts, :bias)
+      inputs = if bias, do: {q, k, v, bias}, else: {q, k, v}
+
+      # with_lse?: false (loss on o), true (on o and lse), :lse_only.
+      loss = fn inputs, w, w2 ->
+        [q, k, v | bias] = Tuple.to_list(inputs)
+        opts = if bias == [], do: opts, else: [bias: hd(bias)] ++ opts
+
+        if with_lse? do
+          {o, lse} = ExlaRs.attention_with_lse(q, k, v, opts)
+          lse = Nx.select(Nx.is_infinity(lse), 0, lse)
+          lse_part = Nx.sum(Nx.multiply(lse, w2))
+          if with_lse? == :lse_only, do: lse_part, else: Nx.add(Nx.sum(Nx.multiply(o, w)), lse_part)
+        else
+          Nx.sum(Nx.multiply(ExlaRs.attention(q, k, v, opts), w))
+        end
+      end
+
+      ref_loss = fn inputs, w, w2, mask ->
+        [q, k, v | bias] = Tuple.to_list(inputs)
+        {o, lse} = naive(q, k, v, mask, c, List.first(bias))
+        o_part = Nx.sum(Nx.multiply(o, w))
+        lse_part = Nx.sum(Nx.multiply(lse, w2))
+
+        case with_lse? do
+          false -> o_part
+          true -> Nx.add(o_part, lse_part)
+          :lse_only -> lse_part
+        end
+      end
+
+      # kv_len/q_start tensors inside opts are captured, so grad eagerly
+      # through the evaluator (Nx.Defn.grad/2 outside jit traces the function).
+      got = Nx.Defn.grad(inputs, fn inputs -> loss.(inputs, w, w2) end)
+
+      want =
+        Nx.Defn.jit(fn inputs, w, w2, mask -> Nx.Defn.grad(inputs, fn inputs -> ref_loss.(inputs, w, w2, mask) end) end).(
+          Nx.Defn.Composite.traverse(inputs, &Nx.as_type(&1, :f64)),
+          w,
+          w2,
+          mask
+        )
+
+      # atol is relative to the largest gradient entry: f16/bf16 round the o that
+      # the backward reads (as the kernels do) and the results.
+      {atol, rtol} =
+        case Nx.type(q) do
+          {:f, 64} -> {1.0e-9, 1.0e-9}
+          {:f, 32} -> {2.0e-5, 1.0e-4}
+          {:f, 16} -> {5.0e-3, 1.0e-2}
+          {:bf, 16} -> {5.0e-2, 5.0e-2}
+        end
+
+      names = [:dq, :dk, :dv, :dbias]
+
+      for {name, g, r, x} <- Enum.zip([names, Tuple.to_list(got), Tuple.to_list(want), Tuple.to_list(inputs)]) do
+        atol = atol * max(1.0, r |> Nx.abs() |> Nx.reduce_max() |> Nx.to_number())
+        # dbias is rounded once to the bias's type.
+        {atol, rtol} = if name == :dbias, do: widen_tol(Nx.type(x), atol, rtol), else: {atol, rtol}
+        if {Nx.type(g), Nx.shape(g)} != {Nx.type(x), Nx.shape(x)},
+          do: ExUnit.Assertions.flunk("#{name}: got #{inspect(g)} for an input of #{inspect(x)}")
+
+        assert_close(g, r, atol, rtol, "#{name}, seed #{seed} #{inspect(Nx.type(q))} #{inspect(opts)}")
+      end
+
+      got
+    end
+
+    defp widen_tol({:f, 16}, atol, rtol), do: {max(atol, 1.0e-3), max(rtol, 2.0e-3)}
+    defp widen_tol({:bf, 16}, atol, rtol), do: {max(atol, 1.0e-2), max(rtol, 1.0e-2)}
+    defp widen_tol(_type, atol, rtol), do: {atol, rtol}
+
+    ## Expressions
     ## Expressions
 
     @doc """
