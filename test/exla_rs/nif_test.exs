@@ -17,6 +17,23 @@ defmodule ExlaRs.NIFTest do
     assert NIF.workspace_bytes(0, 0, 99, 1, 16, 16, 2, 1, 64) == -1
   end
 
+  test "flash_attn_features answers a bit set of the contract's optional features" do
+    bits = NIF.feature_bits()
+    assert Enum.sort(Map.keys(bits)) == [:alibi_slopes, :bias, :bias_grad, :key_mask]
+    # One distinct bit each.
+    assert bits |> Map.values() |> Enum.map(&:math.log2/1) |> Enum.all?(&(&1 == Float.round(&1)))
+    assert bits |> Map.values() |> Enum.uniq() |> length() == 4
+    all = bits |> Map.values() |> Enum.sum()
+
+    # The Host runs every feature (the contract); CUDA some subset; other codes -1.
+    assert NIF.flash_attn_features(0) == all
+    cuda = NIF.flash_attn_features(1)
+    assert cuda >= 0 and Bitwise.band(cuda, Bitwise.bnot(all)) == 0
+    assert NIF.flash_attn_features(2) == -1
+    assert NIF.flash_attn_features(-1) == -1
+    assert_raise ArgumentError, fn -> NIF.flash_attn_features(:host) end
+  end
+
   test "bad arguments raise ArgumentError, not a crash" do
     assert_raise ArgumentError, fn -> NIF.workspace_bytes(:f32, 0, 0, 1, 16, 16, 2, 1, 64) end
     assert_raise ArgumentError, fn -> NIF.register(:not_a_list, false) end

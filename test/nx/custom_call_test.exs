@@ -33,14 +33,20 @@ defmodule ExlaRs.CustomCallTest do
   end
 
   # {forward block, backward block} as {tag, out, in_args} from the grad of a real trace.
+  # A :bias in opts is a parameter of the trace, differentiated with q, k and v.
   defp blocks(type, shape_q, shape_k, opts) do
     q = Nx.iota(shape_q, type: type)
     k = Nx.iota(shape_k, type: type)
+    {bias, opts} = Keyword.pop(opts, :bias)
+    inputs = if bias, do: {q, k, k, bias}, else: {q, k, k}
 
     expr =
-      Nx.Defn.debug_expr(fn q, k, v ->
-        Nx.Defn.value_and_grad({q, k, v}, fn {q, k, v} -> Nx.sum(ExlaRs.attention(q, k, v, opts)) end)
-      end).(q, k, k)
+      Nx.Defn.debug_expr(fn inputs ->
+        Nx.Defn.value_and_grad(inputs, fn inputs ->
+          [q, k, v | bias] = Tuple.to_list(inputs)
+          Nx.sum(ExlaRs.attention(q, k, v, opts ++ Enum.map(bias, &{:bias, &1})))
+        end)
+      end).(inputs)
 
     %{blocks: blocks} = Ref.walk(expr)
     {fwd, fargs, fout} = Enum.find(blocks, &is_struct(elem(&1, 0), Forward))
@@ -188,6 +194,152 @@ defmodule ExlaRs.CustomCallTest do
     end
 
     assert native_ws(1, :host, {:bf, 16}, bq.shape, bk.shape) >= 0
+  end
+
+  describe "key_mask, bias and alibi_slopes" do
+    @base_attributes [{"scale", "0.125 : f32"}, {"softcap", "0.0 : f32"}, {"window_left", "-1 : i64"}, {"window_right", "0 : i64"}]
+    @q {2, 8, 4, 64}
+    @k {2, 8, 2, 64}
+
+    # The options for a set of optional operands (any bias is {1, H, Sq, Sk} f32).
+    defp optional_opts(present) do
+      all = [
+        key_mask: Nx.tensor([[0, 0, 1, 1, 1, 1, 1, 1], [1, 1, 1, 1, 1, 0, 1, 0]], type: :u8),
+        bias: Nx.iota({1, 4, 8, 8}, type: :f32),
+        alibi_slopes: Nx.tensor([0.5, 0.25, 0.125, 0.0625], type: :f32)
+      ]
+
+      Keyword.take(all, present)
+    end
+
+    # What the native library says the platform runs, from its own bits.
+    defp runs?(platform, features) do
+      bits = ExlaRs.NIF.feature_bits()
+      have = ExlaRs.NIF.flash_attn_features(if platform == :cuda, do: 1, else: 0)
+      Enum.all?(features, &(Bitwise.band(have, Map.fetch!(bits, &1)) != 0))
+    end
+
+    test "Host gets our calls with the presence attributes; a platform without the features skips" do
+      for present <- [[:key_mask], [:bias], [:alibi_slopes], [:key_mask, :alibi_slopes], [:key_mask, :bias, :alibi_slopes]] do
+        {{fwd, fout, fargs}, {bwd, bout, bargs}} = blocks({:f, 32}, @q, @k, [causal: true] ++ optional_opts(present))
+
+        presence =
+          for {name, attr} <- [key_mask: "has_key_mask", bias: "has_bias", alibi_slopes: "has_alibi"], name in present,
+              do: {attr, "true"}
+
+        # A bias that is a parameter of the trace is differentiated: bias_grad.
+        bias_grad = if :bias in present, do: [{"bias_grad", "true"}], else: []
+        fwd_features = present
+        bwd_features = present ++ if(:bias in present, do: [:bias_grad], else: [])
+        assert ExlaRs.CustomCall.required_features(fwd) == fwd_features
+        assert ExlaRs.CustomCall.required_features(bwd) == bwd_features
+
+        for platform <- [:host, :cuda] do
+          {fwd_ws, bwd_ws} = {native_ws(0, platform, {:f, 32}, @q, @k), native_ws(1, platform, {:f, 32}, @q, @k)}
+
+          if runs?(platform, fwd_features) and fwd_ws >= 0 do
+            assert {:ok, spec} = EXLA.CustomCall.call(fwd, fout, fargs, client(platform))
+            assert spec.call_target_name == "exla_rs_flash_attn_fwd"
+            assert spec.attributes == @base_attributes ++ presence
+          else
+            assert :skip == EXLA.CustomCall.call(fwd, fout, fargs, client(platform))
+          end
+
+          if runs?(platform, bwd_features) and bwd_ws >= 0 do
+            assert {:ok, spec} = EXLA.CustomCall.call(bwd, bout, bargs, client(platform))
+            assert spec.call_target_name == "exla_rs_flash_attn_bwd"
+            assert spec.attributes == @base_attributes ++ presence ++ bias_grad
+          else
+            assert :skip == EXLA.CustomCall.call(bwd, bout, bargs, client(platform))
+          end
+        end
+      end
+    end
+
+    test "the Host runs every feature, so the test above emits calls there" do
+      assert runs?(:host, Map.keys(ExlaRs.NIF.feature_bits()))
+      assert Enum.sort(ExlaRs.CustomCall.features(:host)) == Enum.sort(Map.keys(ExlaRs.NIF.feature_bits()))
+    end
+
+    test "the CUDA client skips a feature its handlers lack (all of them today)" do
+      missing = Map.keys(ExlaRs.NIF.feature_bits()) -- ExlaRs.CustomCall.features(:cuda)
+      {{fwd, fout, fargs}, {bwd, bout, bargs}} = blocks({:f, 32}, @q, @k, optional_opts([:key_mask, :bias, :alibi_slopes]))
+
+      if missing != [] do
+        assert :skip == EXLA.CustomCall.call(bwd, bout, bargs, client(:cuda))
+      end
+
+      if Enum.any?([:key_mask, :bias, :alibi_slopes], &(&1 in missing)) do
+        assert :skip == EXLA.CustomCall.call(fwd, fout, fargs, client(:cuda))
+      end
+    end
+
+    test "a constant bias is not differentiated: the backward has no bias_grad and no dbias" do
+      bias = Nx.iota({1, 4, 8, 8}, type: :f32)
+      q = Nx.iota(@q, type: :f32)
+      k = Nx.iota(@k, type: :f32)
+
+      expr =
+        Nx.Defn.debug_expr(fn q, k ->
+          Nx.Defn.grad({q, k}, fn {q, k} -> Nx.sum(ExlaRs.attention(q, k, k, bias: bias, causal: true)) end)
+        end).(q, k)
+
+      assert [{%Backward{bias_grad: false} = bwd, bargs, bout}] = for({%Backward{}, _, _} = b <- Ref.walk(expr).blocks, do: b)
+      assert {:ok, spec} = EXLA.CustomCall.call(bwd, bout, bargs, client(:host))
+      assert spec.attributes == @base_attributes ++ [{"has_bias", "true"}]
+    end
+
+    test "the widened backward of the lse gradient passes the optional operands and bias_grad too" do
+      q = Nx.iota({1, 6, 4, 64}, type: :bf16)
+      k = Nx.iota({1, 6, 2, 64}, type: :bf16)
+      mask = Nx.tensor([[0, 1, 1, 1, 1, 1]], type: :u8)
+
+      expr =
+        Nx.Defn.debug_expr(fn q, k, bias ->
+          Nx.Defn.grad({q, k, bias}, fn {q, k, bias} ->
+            {_o, lse} = ExlaRs.attention_with_lse(q, k, k, key_mask: mask, bias: bias, causal: true)
+            Nx.sum(lse)
+          end)
+        end).(q, k, Nx.iota({1, 1, 6, 6}, type: :bf16))
+
+      assert [{%Backward{} = bwd, [bq | _] = bargs, bout}] = for({%Backward{}, _, _} = b <- Ref.walk(expr).blocks, do: b)
+      assert elem(bq.shape, 3) == ExlaRs.Attention.lse_grad_head_dim(64)
+      assert {:ok, spec} = EXLA.CustomCall.call(bwd, bout, bargs, client(:host))
+      assert {"has_key_mask", "true"} in spec.attributes and {"bias_grad", "true"} in spec.attributes
+    end
+
+    test "optional operands that are not the contract's skip" do
+      {{fwd, fout, fargs}, {bwd, bout, bargs}} = blocks({:f, 32}, @q, @k, optional_opts([:key_mask, :bias]))
+      assert {:ok, _} = EXLA.CustomCall.call(fwd, fout, fargs, client(:host))
+      [q, k, v, kv_len, q_start, mask, bias] = fargs
+      base = [q, k, v, kv_len, q_start]
+      skip = fn tag, out, args -> assert :skip == EXLA.CustomCall.call(tag, out, args, client(:host)) end
+
+      # An f64 bias (the Nx fallback takes it), a float mask, a mask of the wrong shape.
+      skip.(fwd, fout, base ++ [mask, Nx.as_type(bias, :f64)])
+      skip.(fwd, fout, base ++ [Nx.as_type(mask, :f32), bias])
+      skip.(fwd, fout, base ++ [Nx.iota({2, 7}, type: :u8), bias])
+      # A bias dimension neither 1 nor full; operands the tag does not announce, or missing.
+      skip.(fwd, fout, base ++ [mask, Nx.iota({1, 2, 8, 8}, type: :f32)])
+      skip.(fwd, fout, base ++ [mask, bias, Nx.iota({4}, type: :f32)])
+      skip.(fwd, fout, base ++ [mask])
+      skip.(%{fwd | has_bias: false}, fout, fargs)
+      # Slopes of the wrong type or length.
+      skip.(%{fwd | has_alibi: true}, fout, fargs ++ [Nx.iota({4}, type: :f16)])
+      skip.(%{fwd | has_alibi: true}, fout, fargs ++ [Nx.iota({3}, type: :f32)])
+      assert {:ok, _} = EXLA.CustomCall.call(%{fwd | has_alibi: true}, fout, fargs ++ [Nx.iota({4}, type: :f32)], client(:host))
+
+      # The backward: dbias must be shaped and typed like the bias, and only with bias_grad.
+      assert {:ok, _} = EXLA.CustomCall.call(bwd, bout, bargs, client(:host))
+      [dq, dk, dv, dbias | ws] = Tuple.to_list(bout)
+      skip.(bwd, List.to_tuple([dq, dk, dv, Nx.as_type(dbias, :f16) | ws]), bargs)
+      skip.(bwd, List.to_tuple([dq, dk, dv | ws]), bargs)
+      skip.(%{bwd | bias_grad: false}, bout, bargs)
+      assert {:ok, _} = EXLA.CustomCall.call(%{bwd | bias_grad: false}, List.to_tuple([dq, dk, dv | ws]), bargs, client(:host))
+      # bias_grad without a bias is not a call.
+      no_bias = %{bwd | has_bias: false}
+      skip.(no_bias, bout, Enum.take(bargs, 9))
+    end
   end
 
   test "a tag whose workspace is smaller than the platform needs skips" do
