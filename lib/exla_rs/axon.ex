@@ -90,7 +90,8 @@ defmodule ExlaRs.Axon do
             other ->
               raise ArgumentError,
                     "ExlaRs.Axon.attention/4: #{inspect(key)} must be an Axon node " <>
-                      "(for instance Axon.nx(mask, &ExlaRs.Axon.kv_len_from_mask/1)), got: #{inspect(other)}"
+                      "(an Axon.input/2, a layer's output, Axon.constant/2, or for :kv_len " <>
+                      "Axon.nx(mask, &ExlaRs.Axon.kv_len_from_mask/1)), got: #{inspect(other)}"
           end
         end
 

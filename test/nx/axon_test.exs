@@ -11,19 +11,34 @@ defmodule ExlaRs.AxonModelTest do
   @kv_heads 2
   @head_dim 4
 
+  @seq 7
+  @slopes [0.5, 0.25, 0.125, 0.0625]
+
   # A Bumblebee-style self-attention block with grouped-query heads and a padding mask:
   # projections, heads split to {batch, seq, heads, head_dim}, ExlaRs.Axon.attention,
-  # heads merged, output projection.
-  defp model(attention_opts) do
+  # heads merged, output projection. `masking`: :kv_len (a right-padded mask as
+  # lengths) or :key_mask_bias (the mask as :key_mask, any padding, plus a learned
+  # T5-style {1, heads, seq, seq} bias and ALiBi slopes).
+  defp model(attention_opts, masking \\ :kv_len) do
     x = Axon.input("x", shape: {nil, nil, @hidden})
     mask = Axon.input("mask", shape: {nil, nil})
 
     q = x |> Axon.dense(@heads * @head_dim, name: "q") |> split_heads(@heads)
     k = x |> Axon.dense(@kv_heads * @head_dim, name: "k") |> split_heads(@kv_heads)
     v = x |> Axon.dense(@kv_heads * @head_dim, name: "v") |> split_heads(@kv_heads)
-    kv_len = Axon.nx(mask, &ExlaRs.Axon.kv_len_from_mask/1)
 
-    ExlaRs.Axon.attention(q, k, v, [kv_len: kv_len, name: "flash"] ++ attention_opts)
+    masking_opts =
+      case masking do
+        :kv_len ->
+          [kv_len: Axon.nx(mask, &ExlaRs.Axon.kv_len_from_mask/1)]
+
+        :key_mask_bias ->
+          bias_param = Axon.param("bias", {1, @heads, @seq, @seq}, initializer: :normal)
+          bias = Axon.layer(fn bias, _opts -> bias end, [bias_param], name: "rel_bias")
+          [key_mask: mask, bias: bias, alibi_slopes: Axon.constant(Nx.tensor(@slopes, type: :f32))]
+      end
+
+    ExlaRs.Axon.attention(q, k, v, masking_opts ++ [name: "flash"] ++ attention_opts)
     |> Axon.nx(fn t ->
       {b, s, _, _} = Nx.shape(t)
       Nx.reshape(t, {b, s, @hidden})
@@ -40,11 +55,18 @@ defmodule ExlaRs.AxonModelTest do
 
   # The same block by hand in float64, with the reference's naive attention. The
   # visibility mask and options are resolved eagerly, outside any grad trace.
-  defp reference(%{"x" => x, "mask" => mask}, attention_opts) do
+  defp reference(%{"x" => x, "mask" => mask}, attention_opts, masking \\ :kv_len) do
     {b, s, _} = Nx.shape(x)
     q = Nx.broadcast(0.0, {b, s, @heads, @head_dim})
     k = Nx.broadcast(0.0, {b, s, @kv_heads, @head_dim})
-    opts = [kv_len: ExlaRs.Axon.kv_len_from_mask(mask)] ++ attention_opts
+
+    masking_opts =
+      case masking do
+        :kv_len -> [kv_len: ExlaRs.Axon.kv_len_from_mask(mask)]
+        :key_mask_bias -> [key_mask: mask, alibi_slopes: Nx.tensor(@slopes, type: :f32)]
+      end
+
+    opts = masking_opts ++ attention_opts
     visible = Ref.mask(q, k, opts)
     c = Ref.config(q, k, opts)
     x = Nx.as_type(x, :f64)
@@ -54,7 +76,8 @@ defmodule ExlaRs.AxonModelTest do
       q = x |> dense.("q") |> Nx.reshape({b, s, @heads, @head_dim})
       k = x |> dense.("k") |> Nx.reshape({b, s, @kv_heads, @head_dim})
       v = x |> dense.("v") |> Nx.reshape({b, s, @kv_heads, @head_dim})
-      {o, _lse} = Ref.naive(q, k, v, visible, c)
+      bias = if masking == :key_mask_bias, do: params["rel_bias"]["bias"]
+      {o, _lse} = Ref.naive(q, k, v, visible, c, bias)
       o |> Nx.reshape({b, s, @hidden}) |> dense.("out")
     end
   end
@@ -114,19 +137,53 @@ defmodule ExlaRs.AxonModelTest do
     end
   end
 
+  # Left padding, which :kv_len cannot express: row 1 has 2 padding tokens first.
+  defp left_padded(seed) do
+    %{inputs(seed) | "mask" => Nx.tensor([[1, 1, 1, 1, 1, 1, 1], [0, 0, 1, 1, 1, 1, 1]])}
+  end
+
+  test "with a left-padded key mask, a learned bias and ALiBi: predictions and every parameter's gradient" do
+    for {opts, seed} <- Enum.with_index(@option_sets) do
+      inputs = left_padded(seed)
+      model = model(opts, :key_mask_bias)
+      {state, predict_fn} = init(model, inputs)
+      data64 = Nx.Defn.Composite.traverse(state.data, &Nx.as_type(&1, :f64))
+      ref_fun = reference(inputs, opts, :key_mask_bias)
+
+      got = Nx.Defn.jit(predict_fn).(state, inputs)
+      Ref.assert_close(got, Nx.Defn.jit(ref_fun).(data64), 2.0e-5, 2.0e-5, inspect(opts))
+
+      r = Ref.random_like(Nx.iota({2, 7, @hidden}))
+      loss = fn out -> out |> Nx.multiply(r) |> Nx.sum() end
+      got = Nx.Defn.grad(state.data, fn data -> loss.(predict_fn.(%{state | data: data}, inputs)) end)
+      want = Nx.Defn.grad(data64, fn data -> loss.(ref_fun.(data)) end)
+
+      for {layer, param} <- [{"rel_bias", "bias"} | for(l <- ~w(q k v out), p <- ~w(kernel bias), do: {l, p})] do
+        expected = want[layer][param]
+        atol = 2.0e-5 * max(Nx.to_number(Nx.reduce_max(Nx.abs(expected))), 1.0)
+        Ref.assert_close(got[layer][param], expected, atol, 2.0e-4, "d#{layer}.#{param} #{inspect(opts)}")
+      end
+    end
+  end
+
   test "the traced training step holds one forward and one backward block" do
-    inputs = inputs(0)
-    {state, predict_fn} = init(model(causal: true), inputs)
+    for masking <- [:kv_len, :key_mask_bias] do
+      inputs = inputs(0)
+      {state, predict_fn} = init(model([causal: true], masking), inputs)
 
-    expr =
-      Nx.Defn.debug_expr(fn data, x, mask ->
-        Nx.Defn.value_and_grad(data, fn data ->
-          predict_fn.(%{state | data: data}, %{"x" => x, "mask" => mask}) |> Nx.sum()
-        end)
-      end).(state.data, inputs["x"], inputs["mask"])
+      expr =
+        Nx.Defn.debug_expr(fn data, x, mask ->
+          Nx.Defn.value_and_grad(data, fn data ->
+            predict_fn.(%{state | data: data}, %{"x" => x, "mask" => mask}) |> Nx.sum()
+          end)
+        end).(state.data, inputs["x"], inputs["mask"])
 
-    blocks = expr |> Ref.walk() |> Map.fetch!(:blocks) |> Enum.map(fn {struct, _, _} -> struct.__struct__ end)
-    assert Enum.sort(blocks) == Enum.sort([ExlaRs.Attention.Forward, ExlaRs.Attention.Backward])
+      blocks = expr |> Ref.walk() |> Map.fetch!(:blocks) |> Enum.map(fn {struct, _, _} -> struct end)
+      assert Enum.sort(Enum.map(blocks, & &1.__struct__)) == Enum.sort([ExlaRs.Attention.Forward, ExlaRs.Attention.Backward])
+      # The learned bias is differentiated inside the backward block.
+      assert Enum.all?(blocks, &(&1.has_bias == (masking == :key_mask_bias)))
+      assert Enum.any?(blocks, &match?(%ExlaRs.Attention.Backward{bias_grad: true}, &1)) == (masking == :key_mask_bias)
+    end
   end
 
   test "the layer is named and runs in training mode" do
@@ -149,6 +206,10 @@ defmodule ExlaRs.AxonModelTest do
 
     assert_raise ArgumentError, ~r/:kv_len must be an Axon node/, fn ->
       ExlaRs.Axon.attention(x, x, x, kv_len: Nx.tensor([3]))
+    end
+
+    assert_raise ArgumentError, ~r/:bias must be an Axon node/, fn ->
+      ExlaRs.Axon.attention(x, x, x, bias: Nx.iota({1, 2, 3, 3}, type: :f32))
     end
   end
 end
