@@ -37,6 +37,7 @@ struct F32 {
 
 struct F16 {
   using Storage = unsigned short;
+  static constexpr unsigned kExpMask = 0x7c00u;  // all ones: inf or NaN
   static EXLA_RS_DEVICE float to_float(unsigned short x) {
     float r;
     asm("cvt.f32.f16 %0, %1;" : "=f"(r) : "h"(x));
@@ -65,6 +66,7 @@ struct F16 {
 
 struct BF16 {
   using Storage = unsigned short;
+  static constexpr unsigned kExpMask = 0x7f80u;
   static EXLA_RS_DEVICE float to_float(unsigned short x) { return __uint_as_float(((unsigned)x) << 16); }
   static EXLA_RS_DEVICE unsigned short from_float(float x) {
     unsigned short r;
@@ -84,6 +86,37 @@ struct BF16 {
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
   }
 };
+
+// Non-finite 16-bit values (inf, NaN) by their bits. A tile may hold keys that some of its rows
+// must not see; the tensor cores multiply those rows' exact zeros by whatever is stored there, and
+// 0 * inf = NaN. The kernels find such values with these (only on the tiles where it can matter)
+// and replace them by +0 before the product.
+template <class T>
+EXLA_RS_DEVICE bool nonfinite1(unsigned short x) {
+  return (x & T::kExpMask) == T::kExpMask;
+}
+template <class T>
+EXLA_RS_DEVICE bool nonfinite2(unsigned w) {
+  return (w & T::kExpMask) == T::kExpMask || (w & (T::kExpMask << 16)) == (T::kExpMask << 16);
+}
+template <class T>
+EXLA_RS_DEVICE unsigned zero_nonfinite2(unsigned w) {
+  if ((w & T::kExpMask) == T::kExpMask) w &= 0xffff0000u;
+  if ((w & (T::kExpMask << 16)) == (T::kExpMask << 16)) w &= 0x0000ffffu;
+  return w;
+}
+template <class T>
+EXLA_RS_DEVICE bool nonfinite_chunk(const Chunk16& c) {
+  return nonfinite2<T>(c.x) || nonfinite2<T>(c.y) || nonfinite2<T>(c.z) || nonfinite2<T>(c.w);
+}
+template <class T>
+EXLA_RS_DEVICE void zero_nonfinite_chunk(Chunk16& c) {
+  c.x = zero_nonfinite2<T>(c.x);
+  c.y = zero_nonfinite2<T>(c.y);
+  c.z = zero_nonfinite2<T>(c.z);
+  c.w = zero_nonfinite2<T>(c.w);
+}
+EXLA_RS_DEVICE float qnan() { return __int_as_float(0x7fffffff); }
 
 // ---------------------------------------------------------------------------------------------
 // Math. ex2.approx has a relative error near 2^-22 (ample for the f32 1e-4 bar) and maps
@@ -129,6 +162,13 @@ EXLA_RS_DEVICE float warp_max(float x) {
 // The mask. Every row's visible keys form one interval, so kernels work with [lo, hi) ranges and
 // test single elements only in tiles that straddle a bound.
 
+// Windows are i64 in the contract; any width of 2^40 or more already covers every (query, key) pair
+// (positions are 32-bit, so |q_start + i - j| < 2^33) and behaves as unbounded. Clamping to it keeps
+// every bound below (p - wl, p + wr + 1, n0 - q_start - wr, ...) far from i64 overflow, so a window
+// near i64::MAX does not wrap into an empty one: the Host saturates the same sums (mask.rs).
+constexpr long long kWindowCap = 1LL << 40;
+EXLA_RS_DEVICE long long clamp_window(long long w) { return w > kWindowCap ? kWindowCap : w; }
+
 struct Mask {
   int seq_q, seq_k;
   int kv_end;          // min(max(kv_len, 0), seq_k): keys >= kv_end are padding, never read
@@ -141,8 +181,8 @@ struct Mask {
     m.seq_k = seq_k;
     m.kv_end = kv_len < 0 ? 0 : (kv_len > seq_k ? seq_k : kv_len);
     m.q_start = q_start;
-    m.wl = wl;
-    m.wr = wr;
+    m.wl = clamp_window(wl);
+    m.wr = clamp_window(wr);
     return m;
   }
   EXLA_RS_DEVICE bool visible(long long i, long long j) const {

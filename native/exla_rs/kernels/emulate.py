@@ -123,20 +123,34 @@ def load_tile(smem, base, rows, d, g, row0, limit):
             smem[base + off(r, np.arange(c0, c0 + 8))] = vals
 
 
+WINDOW_CAP = 1 << 40  # kWindowCap in common.cuh
+
+
+def w64(x):
+    """x as the device's 64-bit two's-complement sum gives it (wraps on overflow)."""
+    if isinstance(x, np.ndarray):
+        return x  # int64 array arithmetic already wraps like the device's
+    return ((int(x) + (1 << 63)) % (1 << 64)) - (1 << 63)
+
+
 class Mask:
-    def __init__(self, sq, sk, kv_len, q_start, wl, wr):
+    """Mask of common.cuh, every i64 sum wrapped as on the device; clamp=False drops
+    clamp_window (to show the check has teeth)."""
+
+    def __init__(self, sq, sk, kv_len, q_start, wl, wr, clamp=True):
         self.sq, self.sk = sq, sk
         self.kv_end = min(max(kv_len, 0), sk)
-        self.qs, self.wl, self.wr = q_start, wl, wr
+        c = (lambda w: min(w, WINDOW_CAP)) if clamp else (lambda w: w)
+        self.qs, self.wl, self.wr = int(q_start), c(int(wl)), c(int(wr))
 
     def visible(self, i, j):
-        p = self.qs + i
-        return (j < self.kv_end) & ((self.wl < 0) | (j >= p - self.wl)) & ((self.wr < 0) | (j <= p + self.wr))
+        p = w64(self.qs + i)
+        return (j < self.kv_end) & ((self.wl < 0) | (j >= w64(p - self.wl))) & ((self.wr < 0) | (j <= w64(p + self.wr)))
 
     def row_keys(self, i):
-        p = self.qs + i
-        a = 0 if self.wl < 0 else p - self.wl
-        b = self.kv_end if self.wr < 0 else p + self.wr + 1
+        p = w64(self.qs + int(i))
+        a = 0 if self.wl < 0 else w64(p - self.wl)
+        b = self.kv_end if self.wr < 0 else w64(w64(p + self.wr) + 1)
         a, b = max(a, 0), min(b, self.kv_end)
         return (a, b) if a < b else (0, 0)
 
@@ -152,13 +166,13 @@ class Mask:
         n1 = min(n1, self.kv_end)
         if n0 >= n1:
             return 0, 0
-        a = 0 if self.wr < 0 else n0 - self.qs - self.wr
-        b = self.sq if self.wl < 0 else (n1 - 1) - self.qs + self.wl + 1
+        a = 0 if self.wr < 0 else w64(w64(n0 - self.qs) - self.wr)
+        b = self.sq if self.wl < 0 else w64(w64(w64((n1 - 1) - self.qs) + self.wl) + 1)
         a, b = max(a, 0), min(b, self.sq)
         return (a, b) if a < b else (0, 0)
 
     def tile_full(self, r0, r1, n0, n1):
-        return n1 <= self.kv_end and (self.wl < 0 or n0 >= self.qs + (r1 - 1) - self.wl) and (self.wr < 0 or n1 - 1 <= self.qs + r0 + self.wr)
+        return n1 <= self.kv_end and (self.wl < 0 or n0 >= w64(w64(self.qs + (r1 - 1)) - self.wl)) and (self.wr < 0 or n1 - 1 <= w64(w64(self.qs + r0) + self.wr))
 
 
 def score(x, scale, softcap):
@@ -218,6 +232,19 @@ def flash_fwd(q, k, v, kv_len, q_start, scale, softcap, wl, wr):
                                     row, key = row_a + (e >> 1) * 8, n0 + j * 8 + TIG * 2 + (e & 1)
                                     val = np.where(mask.visible(row, key), val, -np.inf)
                                 s[j, :, e] = val
+                        if not full and not np.isfinite(sV).all():
+                            # The rare path of flash_fwd.cuh: NaN where a visible key's V is
+                            # non-finite, then the tile's non-finite V elements become +0.
+                            for r in range(2):
+                                for lane in range(32):
+                                    lo, hi = mask.row_keys(row_a[lane] + r * 8)
+                                    lo, hi = max(lo, n0), min(hi, n0 + BN)
+                                    for key in range(lo, hi):
+                                        for c in range(D // 4):
+                                            off = at(swk, "key - n0, (c >> 1) * 8 + tig * 2 + (c & 1)", "flash_fwd.cuh", key=key, n0=n0, c=c, tig=TIG)
+                                            if not np.isfinite(sV[off[lane]]):
+                                                acc[c >> 1, lane, 2 * r + (c & 1)] = np.nan
+                            sV[~np.isfinite(sV)] = 0
                         for r in range(2):
                             mx = np.maximum(rmax[r], np.max(s[:, :, 2 * r:2 * r + 2], axis=(0, 2)))
                             mx = np.maximum(mx, mx[LANES ^ 1])
@@ -291,9 +318,14 @@ def flash_bwd(q, k, v, kv_len, q_start, o, lse, do, scale, softcap, wl, wr):
                 q_lo, q_hi = mask.keys_rows(n0, n0 + BN)
                 sK = np.full(BN * D, np.nan, np.float32)
                 sV = np.full(BN * D, np.nan, np.float32)
+                kbad = np.zeros(BN, bool)
                 if q_lo < q_hi:
                     load_tile(sK, 0, BN, D, k[b, :, hk], n0, mask.kv_end)
                     load_tile(sV, 0, BN, D, v[b, :, hk], n0, mask.kv_end)
+                    for r in range(BN):  # the first step's scan: flag and zero non-finite K rows
+                        offs = at(swkv, "r, c * 8", "flash_bwd.cuh", r=r, c=np.arange(D // 8)[:, None]) + np.arange(8)
+                        kbad[r] = not np.isfinite(sK[offs]).all()
+                        sK[offs] = np.where(np.isfinite(sK[offs]), sK[offs], 0)
                 m_first = (q_lo // BM) * BM
                 m_tiles = (q_hi - m_first + BM - 1) // BM if q_lo < q_hi else 0
                 for t in range(group * m_tiles):
@@ -302,8 +334,10 @@ def flash_bwd(q, k, v, kv_len, q_start, o, lse, do, scale, softcap, wl, wr):
                         sQ = np.full(BM * D, np.nan, np.float32)
                         sdO = np.full(BM * D, np.nan, np.float32)
                         sdS = np.full(BN * BM, np.nan, np.float32)
-                        load_tile(sQ, 0, BM, D, q[b, :, h], m0, Sq)
-                        load_tile(sdO, 0, BM, D, do[b, :, h], m0, Sq)
+                        # Rows with lse = -inf are zero-filled like rows past Sq.
+                        live = lse[b, h] != -np.inf
+                        load_tile(sQ, 0, BM, D, np.where(live[:, None], q[b, :, h], 0), m0, Sq)
+                        load_tile(sdO, 0, BM, D, np.where(live[:, None], do[b, :, h], 0), m0, Sq)
                         rows = m0 + np.arange(BM)
                         sLse = np.where(rows < Sq, lse[b, h, np.minimum(rows, Sq - 1)], -np.inf) * L2E
                         sDelta = np.where(rows < Sq, delta[b, h, np.minimum(rows, Sq - 1)], 0)
@@ -328,13 +362,13 @@ def flash_bwd(q, k, v, kv_len, q_start, o, lse, do, scale, softcap, wl, wr):
                                     ql = j * 8 + TIG * 2 + (e & 1)
                                     key = key_a + (e >> 1) * 8
                                     l2 = sLse[ql]
-                                    s = score(st[j, :, e], scale, softcap)
-                                    vis = (l2 != -np.inf) & (full | mask.visible(m0 + ql, key))
                                     with np.errstate(invalid="ignore", over="ignore"):
+                                        s = np.where(kbad[ks * 16 + G + 8 * (e >> 1)], np.nan, score(st[j, :, e], scale, softcap))
+                                        vis = (l2 != -np.inf) & (full | mask.visible(m0 + ql, key))
                                         pr = np.where(vis, np.exp2(s * L2E - l2), 0)
-                                    grad = 1 - (s / softcap) ** 2 if softcap > 0 else 1
-                                    st[j, :, e] = pr
-                                    dpt[j, :, e] = pr * (dpt[j, :, e] - sDelta[ql]) * grad
+                                        grad = 1 - (s / softcap) ** 2 if softcap > 0 else 1
+                                        st[j, :, e] = pr
+                                        dpt[j, :, e] = np.where(vis, pr * (dpt[j, :, e] - sDelta[ql]) * grad, 0)
                             for kq in range(BM // 16):
                                 ap = [pack2(st[2 * kq][:, 0], st[2 * kq][:, 1]), pack2(st[2 * kq][:, 2], st[2 * kq][:, 3]),
                                       pack2(st[2 * kq + 1][:, 0], st[2 * kq + 1][:, 1]), pack2(st[2 * kq + 1][:, 2], st[2 * kq + 1][:, 3])]
@@ -388,12 +422,37 @@ def flash_bwd(q, k, v, kv_len, q_start, o, lse, do, scale, softcap, wl, wr):
 # ---------------------------------------------------------------------------------------------
 
 
+def check_window_saturation():
+    """Windows near i64::MAX: the clamped device mask equals the contract's (unbounded) one, and the
+    unclamped one, wrapping, does not: the clamp is what fixes it."""
+    M = (1 << 63) - 1
+    wrong = False
+    for wl, wr in [(M, M), (M, 0), (0, M), (1 << 62, 3), (2, M - 1)]:
+        for qs in [-(1 << 31), -3, 0, (1 << 31) - 9]:
+            for clamp in (True, False):
+                m = Mask(9, 11, 11, qs, wl, wr, clamp)
+                ref = Mask(9, 11, 11, qs, -1 if wl >= WINDOW_CAP else wl, -1 if wr >= WINDOW_CAP else wr)
+                same = all(m.row_keys(i) == ref.row_keys(i) for i in range(9))
+                same &= all(m.keys_rows(n, n + 1) == ref.keys_rows(n, n + 1) for n in range(11))
+                same &= all(bool(m.visible(i, j)) == bool(ref.visible(i, j)) for i in range(9) for j in range(11))
+                if clamp:
+                    assert same, f"clamped window ({wl}, {wr}) q_start {qs} differs from unbounded"
+                wrong |= not same
+    assert wrong, "the unclamped mask never wrapped: the check has no teeth"
+
+
 def main():
     import exla_rs_jax as ex
 
+    np.seterr(over="ignore", invalid="ignore")  # wrapped i64 sums and NaN poison are intended here
+    check_window_saturation()
     rng = np.random.default_rng(1)
-    # (B, Sq, Sk, H, Hkv, D, wl, wr, softcap, kv_len, q_start): every head dim, ragged tiles,
-    # GQA, windows, softcap, padded and fully masked batch rows, negative q_start.
+    M = (1 << 63) - 1
+    # (B, Sq, Sk, H, Hkv, D, wl, wr, softcap, kv_len, q_start[, poison]): every head dim, ragged
+    # tiles, GQA, windows, softcap, padded and fully masked batch rows, negative q_start, windows
+    # near i64::MAX, and poison: inf/NaN written into k/v elements (b, key, kv head, col) or whole
+    # q/do rows (b, query), which must reach no output of a row that does not see them.
+    NAN, INF = float("nan"), float("inf")
     cases = [
         (1, 70, 90, 2, 1, 32, -1, 0, 0.0, [90], [20]),
         (2, 40, 75, 2, 2, 64, -1, -1, 0.0, [0, 60], [35, 35]),
@@ -401,25 +460,64 @@ def main():
         (1, 33, 40, 4, 2, 128, 5, 3, 0.0, [37], [-3]),
         (1, 20, 45, 2, 1, 192, -1, 0, 0.0, [45], [25]),
         (1, 24, 37, 1, 1, 256, -1, -1, 4.0, [30], [13]),
+        # windows near i64::MAX (unbounded in effect), with extreme q_start
+        (2, 40, 50, 2, 1, 64, M, M, 0.0, [50, 33], [-(1 << 31), 5]),
+        (2, 30, 40, 2, 2, 32, M, 0, 0.0, [40, 40], [10, (1 << 31) - 40]),
+        (1, 30, 40, 2, 1, 32, 3, M - 1, 0.0, [40], [-5]),
+        # non-finite keys/values that some rows of a straddling tile must not see
+        (1, 80, 80, 2, 1, 64, 7, 0, 0.0, [80], [0],
+         dict(k=[(0, 3, 0, 5, INF)], v=[(0, 5, 0, 3, NAN), (0, 60, 0, 10, -INF), (0, 79, 0, 0, INF)])),
+        (1, 40, 70, 2, 2, 128, -1, 0, 3.0, [70], [30],
+         dict(k=[(0, 65, 1, 0, NAN), (0, 35, 0, 7, -INF)], v=[(0, 66, 0, 1, INF), (0, 40, 1, 9, NAN)])),
+        # NaN q and do on fully masked rows (q_start < 0 under causal; a batch entry with kv_len 0)
+        (2, 40, 30, 2, 1, 128, -1, 0, 0.0, [30, 0], [-10, 0],
+         dict(q=[(0, i) for i in range(10)] + [(1, i) for i in range(40)], do=[(0, i) for i in range(10)] + [(1, 3)])),
+        (1, 36, 40, 2, 1, 256, 4, 0, 0.0, [40], [-6], dict(do=[(0, 0), (0, 5)], q=[(0, 1)], v=[(0, 39, 0, 2, NAN)])),
     ]
     worst = 0.0
-    for (b, sq, sk, h, hkv, d, wl, wr, cap, kv_len, qs) in cases:
+    for case in cases:
+        (b, sq, sk, h, hkv, d, wl, wr, cap, kv_len, qs), poison = case[:11], (case[11] if len(case) > 11 else {})
         q, k, v, do = (bf16(rng.standard_normal(s, np.float32)) for s in [(b, sq, h, d), (b, sk, hkv, d), (b, sk, hkv, d), (b, sq, h, d)])
         kv_len, qs = np.array(kv_len, np.int32), np.array(qs, np.int32)
         scale = 1 / math.sqrt(d)
+        rwl, rwr = (-1 if w >= WINDOW_CAP else w for w in (wl, wr))  # what the reference can take
+        ref_in = [x.copy() for x in (q, k, v, do)]  # poison-free (zeros): equal where no row sees it
+        for (bb, j, hh, c, val) in poison.get("k", []):
+            k[bb, j, hh, c] = val
+        for (bb, j, hh, c, val) in poison.get("v", []):
+            v[bb, j, hh, c] = val
+        for (bb, i) in poison.get("q", []):
+            q[bb, i] = NAN
+        for (bb, i) in poison.get("do", []):
+            do[bb, i] = NAN
+        for x, r in zip((q, k, v, do), ref_in):
+            r[~np.isfinite(x)] = 0
+        # Rows that see a poisoned k/v key ("dirty") may be non-finite; everything else must match.
+        vis = ex.visible_mask(b, sq, sk, kv_len, qs, rwl, rwr)  # [B, Sq, Sk]
+        bad_key = ~np.isfinite(k).all(-1) | ~np.isfinite(v).all(-1)  # [B, Sk, Hkv]
+        g = h // hkv
+        dirty = np.einsum("bij,bjh->bhi", vis.astype(np.int64), bad_key.astype(np.int64)).repeat(g, 1) > 0  # [B, H, Sq]
+        clean_row = ~dirty.transpose(0, 2, 1)[..., None]  # [B, Sq, H, 1]
+        seen_by_dirty = np.einsum("bij,bhi->bjh", vis.astype(np.int64), dirty.reshape(b, hkv, g, sq).any(2).astype(np.int64)) > 0
+        clean_key = ~seen_by_dirty[..., None]  # [B, Sk, Hkv, 1]
+
         o, lse = flash_fwd(q, k, v, kv_len, qs, scale, cap, wl, wr)
-        ref_o, ref_lse = ex.reference_fwd(q, k, v, kv_len, qs, scale=scale, softcap=cap, window_left=wl, window_right=wr)
-        assert not np.isnan(o).any() and not np.isnan(lse).any(), "unwritten forward output"
-        e_o = np.abs(o - ref_o).max() / np.abs(ref_o).max()
-        fin = np.isfinite(ref_lse)
-        assert np.array_equal(np.isneginf(lse), ~fin)
+        ref_o, ref_lse = ex.reference_fwd(*ref_in[:3], kv_len, qs, scale=scale, softcap=cap, window_left=rwl, window_right=rwr)
+        co = np.broadcast_to(clean_row, o.shape)
+        assert np.isfinite(o[co]).all() and not np.isnan(lse[~dirty]).any(), "NaN/inf or unwritten forward output on a clean row"
+        e_o = np.abs(o[co] - ref_o[co]).max() / np.abs(ref_o[co]).max()
+        fin = np.isfinite(ref_lse) & ~dirty
+        assert np.array_equal(np.isneginf(lse[~dirty]), ~np.isfinite(ref_lse[~dirty]))
         e_l = np.abs(lse[fin] - ref_lse[fin]).max(initial=0)
         dq, dk, dv = flash_bwd(q, k, v, kv_len, qs, o, lse, do, scale, cap, wl, wr)
-        assert not (np.isnan(dq).any() or np.isnan(dk).any() or np.isnan(dv).any()), "unwritten backward output"
-        refs = ex.reference_bwd(q, k, v, kv_len, qs, do, scale=scale, softcap=cap, window_left=wl, window_right=wr)
-        errs = [np.abs(g - r).max() / max(np.abs(r).max(), 1e-2) for g, r in zip((dq, dk, dv), refs)]
+        cq, ck = np.broadcast_to(clean_row, dq.shape), np.broadcast_to(clean_key, dk.shape)
+        assert np.isfinite(dq[cq]).all() and np.isfinite(dk[ck]).all() and np.isfinite(dv[ck]).all(), \
+            "NaN/inf or unwritten backward output on a clean row/key"
+        refs = ex.reference_bwd(*ref_in[:3], kv_len, qs, ref_in[3], scale=scale, softcap=cap, window_left=rwl, window_right=rwr)
+        errs = [np.abs(gg[c] - r[c]).max(initial=0) / max(np.abs(r[c]).max(initial=0), 1e-2) for gg, r, c in zip((dq, dk, dv), refs, (cq, ck, ck))]
+        tag = f" poison {sorted(poison)} dirty rows {int(dirty.sum())}" if poison else ""
         print(f"D={d:3d} B={b} Sq={sq} Sk={sk} H={h}/{hkv} w=({wl},{wr}) cap={cap}: o {e_o:.1e} lse {e_l:.1e} "
-              f"dq {errs[0]:.1e} dk {errs[1]:.1e} dv {errs[2]:.1e}", flush=True)
+              f"dq {errs[0]:.1e} dk {errs[1]:.1e} dv {errs[2]:.1e}{tag}", flush=True)
         worst = max(worst, e_o, e_l, *errs)
     check_sources()
     assert worst < 3e-2, f"worst relative error {worst:.2e} exceeds the bf16 bar 3e-2"

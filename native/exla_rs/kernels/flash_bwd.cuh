@@ -27,7 +27,7 @@ struct BwdTraits {
   static constexpr int kDW = D / kDSplit;                // dK/dV columns per warp
   static constexpr int kThreads = 32 * kWarps;
   static constexpr int kSmemBytes =
-      (2 * kBlockN * D + 2 * kBlockM * D + kBlockN * kBlockM) * 2 + 2 * kBlockM * 4;
+      (2 * kBlockN * D + 2 * kBlockM * D + kBlockN * kBlockM) * 2 + 2 * kBlockM * 4 + kBlockN * 4;
   static_assert(D % 32 == 0 && D <= 256 && kDW % 16 == 0, "head dim");
 };
 
@@ -48,6 +48,7 @@ __device__ __forceinline__ void flash_bwd(const BwdParams& p) {
   unsigned short* sdS = sdO + BM * D;
   float* sLse = reinterpret_cast<float*>(sdS + BN * BM);  // lse * log2(e); -inf for rows past Sq
   float* sDelta = sLse + BM;
+  int* sKbad = reinterpret_cast<int*>(sDelta + BM);  // per key of the tile: K row had an inf/NaN
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int g = lane >> 2, tig = lane & 3;
@@ -75,6 +76,7 @@ __device__ __forceinline__ void flash_bwd(const BwdParams& p) {
     cp_async_commit();  // waited for together with the first Q/dO tile
   }
   const int key_a = n0 + ks * 16 + g;  // this thread's two keys: key_a, key_a + 8
+  bool kbad[2] = {false, false};       // their K rows held an inf/NaN (set at the first step)
 
   // Steps: (query head of the group, query tile) pairs, flattened so that the loads of step t + 1
   // can be issued while step t computes dQ (which reads only dS^T and K).
@@ -84,10 +86,20 @@ __device__ __forceinline__ void flash_bwd(const BwdParams& p) {
   auto issue_loads = [&](int t) {  // Q, dO tiles (async) and lse, delta of step t
     const int h = hk * group + t / m_tiles, m0 = m_first + (t % m_tiles) * BM;
     const long long q_off = ((long long)b * p.seq_q * p.heads + h) * D;
-    load_tile_async<BM, D, NT>(sQ, static_cast<const unsigned short*>(p.q) + q_off, m0, p.seq_q, q_stride, tid);
-    load_tile_async<BM, D, NT>(sdO, static_cast<const unsigned short*>(p.d_o) + q_off, m0, p.seq_q, q_stride, tid);
-    cp_async_commit();
     const float* gLse = p.lse + ((long long)b * p.heads + h) * p.seq_q;
+    // Rows the forward found fully masked (lse = -inf) contribute nothing: their Q and dO rows are
+    // zero-filled like rows past Sq, so a NaN/inf there cannot reach dK, dV through P^T = 0 times it.
+    const unsigned short* gQ = static_cast<const unsigned short*>(p.q) + q_off;
+    const unsigned short* gdO = static_cast<const unsigned short*>(p.d_o) + q_off;
+    constexpr int kChunks = D / 8;
+    for (int c = tid; c < BM * kChunks; c += NT) {
+      const int r = c / kChunks, col = (c % kChunks) * 8, gr = m0 + r;
+      const bool ok = gr < p.seq_q && gLse[gr] != neg_inf();
+      const long long off = ok ? (long long)gr * q_stride + col : 0;
+      cp_async16(sQ + SwQ::off(r, col), gQ + off, ok ? 16 : 0);
+      cp_async16(sdO + SwQ::off(r, col), gdO + off, ok ? 16 : 0);
+    }
+    cp_async_commit();
     const float* gDelta = p.delta + ((long long)b * p.heads + h) * p.seq_q;
     for (int r = tid; r < BM; r += NT) {
       const int row = m0 + r;
@@ -103,6 +115,28 @@ __device__ __forceinline__ void flash_bwd(const BwdParams& p) {
       float* gdQ = p.dq_accum + ((long long)b * p.seq_q * p.heads + h) * D;
       cp_async_wait<0>();
       __syncthreads();
+      if (t == 0) {
+        // K rows with an inf/NaN: keys some of the swept rows must not see still meet them in
+        // dQ += dS K (dS is exactly 0 there, and 0 * inf = NaN). Such a row is zeroed in sK and
+        // flagged; rows that do see the key get s = NaN below, as the unzeroed product would give.
+        for (int r = warp; r < BN; r += NW) {
+          int bad = 0;
+          for (int c = lane; c < D / 8; c += 32) {
+            Chunk16* ch = reinterpret_cast<Chunk16*>(sK + SwKV::off(r, c * 8));
+            Chunk16 x = *ch;
+            if (nonfinite_chunk<T>(x)) {
+              bad = 1;
+              zero_nonfinite_chunk<T>(x);
+              *ch = x;
+            }
+          }
+          bad = __any_sync(0xffffffffu, bad);
+          if (lane == 0) sKbad[r] = bad;
+        }
+        __syncthreads();
+        kbad[0] = sKbad[ks * 16 + g] != 0;
+        kbad[1] = sKbad[ks * 16 + g + 8] != 0;
+      }
 
       // S^T and dP^T for this warp's 16 keys x BM queries.
       float st[BM / 8][4], dpt[BM / 8][4];
@@ -138,11 +172,14 @@ __device__ __forceinline__ void flash_bwd(const BwdParams& p) {
           const int ql = j * 8 + tig * 2 + (e & 1);  // query within the tile (accumulator column)
           const int key = key_a + (e >> 1) * 8;
           const float l2 = sLse[ql];
-          const float s = p.softcap > 0.f ? score(st[j][e], p.scale, p.softcap) : st[j][e] * p.scale;
+          const float s0 = p.softcap > 0.f ? score(st[j][e], p.scale, p.softcap) : st[j][e] * p.scale;
+          const float s = kbad[e >> 1] ? qnan() : s0;
           const bool vis = l2 != neg_inf() && (full || mask.visible(m0 + ql, key));
           const float pr = vis ? ex2(s * kLog2e - l2) : 0.f;
           st[j][e] = pr;
-          dpt[j][e] = pr * (dpt[j][e] - sDelta[ql]) * softcap_grad(s, p.softcap);
+          // A select, not a product with pr = 0: dP^T of a hidden pair may be NaN (a non-finite V
+          // row, or dO of a row nobody sees) and must not leak.
+          dpt[j][e] = vis ? pr * (dpt[j][e] - sDelta[ql]) * softcap_grad(s, p.softcap) : 0.f;
         }
       }
 

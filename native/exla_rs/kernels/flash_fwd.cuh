@@ -113,6 +113,38 @@ __device__ __forceinline__ void flash_fwd(const FwdParams& p) {
       }
     }
 
+    // A straddling tile holds keys that some of the block's rows must not see. P is exactly 0 there,
+    // but the mma still multiplies it by V, and 0 * inf = NaN. So on such tiles (and only when the
+    // tile's V has an inf/NaN at all: one block-wide vote) each thread first marks NaN in its
+    // accumulator columns where a key its row does see is non-finite (the contract's result there
+    // is not finite either), then the non-finite V elements become +0 for the product. Full tiles
+    // need none of this: every row sees every key, so the natural propagation is the right one.
+    if (!full) {
+      int bad = 0;
+      for (int c = tid; c < BN * D / 8; c += NT) bad |= nonfinite_chunk<T>(reinterpret_cast<const Chunk16*>(sVs)[c]);
+      if (__syncthreads_or(bad)) {
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          int lo, hi;
+          mask.row_keys(row_a + r * 8, lo, hi);
+          lo = imax(lo, n0);
+          hi = imin(hi, n0 + BN);
+          unsigned long long cols = 0;  // bit 2 dt + h: this thread's column dt * 8 + tig * 2 + h
+          for (int key = lo; key < hi; ++key)
+            for (int c = 0; c < D / 4; ++c)
+              if (nonfinite1<T>(sVs[SwK::off(key - n0, (c >> 1) * 8 + tig * 2 + (c & 1))])) cols |= 1ull << c;
+#pragma unroll
+          for (int dt = 0; dt < D / 8; ++dt) {
+            if ((cols >> (2 * dt)) & 1) acc_o[dt][2 * r] = qnan();
+            if ((cols >> (2 * dt + 1)) & 1) acc_o[dt][2 * r + 1] = qnan();
+          }
+        }
+        __syncthreads();  // every thread has read the tile; now zero its non-finite elements
+        for (int c = tid; c < BN * D / 8; c += NT) zero_nonfinite_chunk<T>(reinterpret_cast<Chunk16*>(const_cast<unsigned short*>(sVs))[c]);
+        __syncthreads();
+      }
+    }
+
     // Online softmax. A row's 4 threads (same g) hold its BN values: reduce across the quad.
 #pragma unroll
     for (int r = 0; r < 2; ++r) {

@@ -125,7 +125,8 @@ fn bwd_tc_traits(d: usize) -> (usize, usize, usize) {
 
 pub fn bwd_smem_bytes(d: usize) -> usize {
     let (_, bm, bn) = bwd_tc_traits(d);
-    (2 * bn * d + 2 * bm * d + bn * bm) * 2 + 2 * bm * 4
+    // + bn * 4: the per-key "K row held an inf/NaN" flags (flash_bwd.cuh, sKbad).
+    (2 * bn * d + 2 * bm * d + bn * bm) * 2 + 2 * bm * 4 + bn * 4
 }
 
 /// Rows per block of the f32 (SIMT) kernels and the backward preprocess: one warp per row.
@@ -305,7 +306,7 @@ mod tests {
         assert!(bwd.contains("kWarps = 4;"));
         assert!(bwd.contains("kDSplit = D <= 128 ? 1 : 2"));
         assert!(bwd.contains("kBlockM = D <= 96 ? 64 : 32"));
-        assert!(bwd.contains("(2 * kBlockN * D + 2 * kBlockM * D + kBlockN * kBlockM) * 2 + 2 * kBlockM * 4"));
+        assert!(bwd.contains("(2 * kBlockN * D + 2 * kBlockM * D + kBlockN * kBlockM) * 2 + 2 * kBlockM * 4 + kBlockN * 4;"));
         let simt = include_str!("../../../kernels/simt.cuh");
         assert!(simt.contains(&format!("kWarps = {SIMT_WARPS};")));
     }

@@ -4,7 +4,7 @@
 use crate::config::{self, Launch};
 use crate::driver::{self, check, guard, CUstream, StreamContext};
 use crate::modules;
-use crate::params::{BwdParams, FwdParams};
+use crate::params::{kernel_window, BwdParams, FwdParams};
 use crate::{BwdBuffers, FwdBuffers};
 use cudarc::driver::sys;
 use exla_rs_attn::{AttnError, AttnOptions, AttnShape, ElementType, Pass};
@@ -88,8 +88,8 @@ pub unsafe fn forward(
             head_dim,
             scale: opts.scale,
             softcap: opts.softcap,
-            window_left: opts.window_left,
-            window_right: opts.window_right,
+            window_left: kernel_window(opts.window_left),
+            window_right: kernel_window(opts.window_right),
         };
         run(stream as CUstream, &[config::forward_plan(dtype, shape)], &p)
     })
@@ -132,8 +132,8 @@ pub unsafe fn backward(
             head_dim,
             scale: opts.scale,
             softcap: opts.softcap,
-            window_left: opts.window_left,
-            window_right: opts.window_right,
+            window_left: kernel_window(opts.window_left),
+            window_right: kernel_window(opts.window_right),
         };
         run(stream as CUstream, &config::backward_plan(dtype, shape), &p)
     })

@@ -2,6 +2,17 @@
 
 use std::ffi::c_void;
 
+/// The widest window the kernels are given (`kWindowCap` in kernels/common.cuh). Any window of 2^40
+/// or more already spans every (query, key) pair, since positions are 32-bit; clamping keeps the
+/// kernels' i64 bound arithmetic (`q_start + i - wl`, `q_start + i + wr + 1`, ...) from wrapping, so
+/// a window near `i64::MAX` stays unbounded as on the Host (which saturates those sums).
+pub const WINDOW_CAP: i64 = 1 << 40;
+
+/// The window value a kernel receives; negative (unbounded) values pass through.
+pub fn kernel_window(w: i64) -> i64 {
+    w.min(WINDOW_CAP)
+}
+
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct FwdParams {
@@ -55,7 +66,104 @@ pub struct BwdParams {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use exla_rs_attn::{AttnOptions, KeyRange};
     use std::mem::{offset_of, size_of};
+
+    /// `Mask` of kernels/common.cuh, transcribed with the device's two's-complement i64 arithmetic
+    /// (wrapping, which is what the GPU does on overflow) and its `clamp_window` made optional.
+    struct DevMask {
+        kv_end: i64,
+        q_start: i64,
+        wl: i64,
+        wr: i64,
+        seq_q: i64,
+    }
+    impl DevMask {
+        fn new(seq_q: i64, seq_k: i64, kv_len: i64, q_start: i64, wl: i64, wr: i64, clamp: bool) -> Self {
+            let c = |w: i64| if clamp { kernel_window(w) } else { w };
+            Self { kv_end: kv_len.clamp(0, seq_k), q_start, wl: c(wl), wr: c(wr), seq_q }
+        }
+        fn row_keys(&self, i: i64) -> (i64, i64) {
+            let p = self.q_start.wrapping_add(i);
+            let mut a = if self.wl < 0 { 0 } else { p.wrapping_sub(self.wl) };
+            let mut b = if self.wr < 0 { self.kv_end } else { p.wrapping_add(self.wr).wrapping_add(1) };
+            a = a.max(0);
+            b = b.min(self.kv_end);
+            if a < b {
+                (a, b)
+            } else {
+                (0, 0)
+            }
+        }
+        fn visible(&self, i: i64, j: i64) -> bool {
+            let p = self.q_start.wrapping_add(i);
+            j < self.kv_end && (self.wl < 0 || j >= p.wrapping_sub(self.wl)) && (self.wr < 0 || j <= p.wrapping_add(self.wr))
+        }
+        fn keys_rows(&self, n0: i64, n1: i64) -> (i64, i64) {
+            let n1 = n1.min(self.kv_end);
+            if n0 >= n1 {
+                return (0, 0);
+            }
+            let a = if self.wr < 0 { 0 } else { n0.wrapping_sub(self.q_start).wrapping_sub(self.wr) }.max(0);
+            let b = if self.wl < 0 { self.seq_q } else { (n1 - 1).wrapping_sub(self.q_start).wrapping_add(self.wl).wrapping_add(1) }
+                .min(self.seq_q);
+            if a < b {
+                (a, b)
+            } else {
+                (0, 0)
+            }
+        }
+    }
+
+    #[test]
+    fn windows_near_i64_max_saturate_like_the_host() {
+        let (sq, sk) = (9i64, 11i64);
+        let big = [i64::MAX, i64::MAX - 1, 1 << 62, WINDOW_CAP, WINDOW_CAP + 1];
+        let mut unclamped_wrong = false;
+        for &(wl, wr) in &[(i64::MAX, i64::MAX), (i64::MAX, 0), (0, i64::MAX), (1 << 62, 3), (2, i64::MAX - 1), (-1, i64::MAX)] {
+            for qs in [i32::MIN, -20, -3, 0, 4, 30, i32::MAX - 8] {
+                for kv in [0, 5, 11] {
+                    let opts = AttnOptions { scale: 1.0, softcap: 0.0, window_left: wl, window_right: wr };
+                    for clamp in [true, false] {
+                        let m = DevMask::new(sq, sk, kv as i64, qs as i64, wl, wr, clamp);
+                        let mut ok = true;
+                        for i in 0..sq {
+                            let r = KeyRange::for_row(&opts, sk as usize, kv, qs, i as usize);
+                            let want = (r.start as i64, r.end as i64);
+                            ok &= m.row_keys(i) == want;
+                            for j in 0..sk {
+                                ok &= m.visible(i, j) == (j >= want.0 && j < want.1);
+                            }
+                        }
+                        // keys_rows covers exactly the rows that see a key of the range.
+                        for n0 in 0..sk {
+                            let (lo, hi) = m.keys_rows(n0, n0 + 1);
+                            let rows: Vec<i64> = (0..sq)
+                                .filter(|&i| {
+                                    let r = KeyRange::for_row(&opts, sk as usize, kv, qs, i as usize);
+                                    (r.start as i64) <= n0 && n0 < r.end as i64
+                                })
+                                .collect();
+                            ok &= rows.iter().all(|&i| lo <= i && i < hi);
+                        }
+                        if clamp {
+                            assert!(ok, "wl={wl} wr={wr} q_start={qs} kv_len={kv}: clamped device mask differs from the Host");
+                        } else {
+                            unclamped_wrong |= !ok;
+                        }
+                    }
+                }
+            }
+        }
+        // The check has teeth: without the clamp the device's i64 sums wrap.
+        assert!(unclamped_wrong);
+        for w in big {
+            assert_eq!(kernel_window(w), WINDOW_CAP);
+        }
+        assert_eq!(kernel_window(-1), -1);
+        assert_eq!(kernel_window(7), 7);
+        assert!(include_str!("../../../kernels/common.cuh").contains("kWindowCap = 1LL << 40;"));
+    }
 
     #[test]
     fn layouts_match_params_cuh() {
