@@ -211,14 +211,11 @@ defmodule ExlaRs.Attention do
       fwd =
         struct!(
           Forward,
-          [
-            scale: scale,
-            softcap: softcap,
-            window_left: left,
-            window_right: right,
-            workspace: ExlaRs.CustomCall.workspace_bytes(:forward, dtype, dims)
-          ] ++ ExlaRs.CustomCall.presence_fields(Keyword.keys(optional))
+          [scale: scale, softcap: softcap, window_left: left, window_right: right] ++
+            ExlaRs.CustomCall.presence_fields(Keyword.keys(optional))
         )
+
+      fwd = %{fwd | workspace: ExlaRs.CustomCall.workspace_bytes(fwd, dtype, dims)}
 
       # The contract's fixed order of the optional operands.
       optional = for name <- ExlaRs.CustomCall.optional_operands(fwd), do: optional[name]
@@ -248,12 +245,8 @@ defmodule ExlaRs.Attention do
     # The backward block's tag for the forward's options and the given dims (the
     # workspace depends on them), built only when a gradient is taken.
     defp backward_tag(%Forward{} = fwd, bias_grad?, dtype, dims) do
-      fields =
-        fwd
-        |> Map.from_struct()
-        |> Map.merge(%{bias_grad: bias_grad?, workspace: ExlaRs.CustomCall.workspace_bytes(:backward, dtype, dims)})
-
-      struct!(Backward, fields)
+      bwd = struct!(Backward, fwd |> Map.from_struct() |> Map.merge(%{bias_grad: bias_grad?, workspace: 0}))
+      %{bwd | workspace: ExlaRs.CustomCall.workspace_bytes(bwd, dtype, dims)}
     end
 
     defp run(q, k, v, opts, fun, with_lse?) do

@@ -148,15 +148,21 @@ defmodule ExlaRs.CustomCall do
   defp f32(x) when is_float(x), do: Float.to_string(x) <> " : f32"
 
   @doc """
-  The workspace bytes a traced program carries for `pass` (`:forward` or
-  `:backward`): the most that the native library asks for on any platform that
-  supports the configuration, 0 when none asks for any, none supports it, or the
-  library is not loaded.
+  The workspace bytes a traced program carries for the block of `tag` (its
+  workspace field aside): the most that the native library asks for on any
+  platform that supports the configuration and runs every optional feature the
+  tag uses, 0 when none asks for any, none supports it, or the library is not
+  loaded. `dims` is `[b, sq, sk, h, hkv, head_dim]`.
   """
-  def workspace_bytes(pass, dtype, dims) do
+  def workspace_bytes(tag, dtype, dims) do
+    pass = if is_struct(tag, Forward), do: :forward, else: :backward
+    features = required_features(tag)
+
+    # A platform that would :skip the call never sees the workspace.
     [:host, :cuda]
+    |> Enum.filter(&supports?(&1, features))
     |> Enum.map(&native_workspace(pass, &1, dtype, dims))
-    |> Enum.max()
+    |> Enum.max(fn -> 0 end)
     |> max(0)
   end
 

@@ -256,6 +256,19 @@ defmodule ExlaRs.CustomCallTest do
       end
     end
 
+    test "the traced workspace counts only the platforms that run the call's features" do
+      for present <- [[], [:key_mask], [:bias]] do
+        {{fwd, fout, _}, {bwd, bout, _}} = blocks({:bf, 16}, @q, @k, optional_opts(present))
+
+        for {tag, out, pass} <- [{fwd, fout, 0}, {bwd, bout, 1}] do
+          features = ExlaRs.CustomCall.required_features(tag)
+          need = for p <- [:host, :cuda], runs?(p, features), do: native_ws(pass, p, {:bf, 16}, @q, @k)
+          assert tag.workspace == need |> Enum.max(fn -> 0 end) |> max(0)
+          assert tuple_size(out) - if(tag.workspace > 0, do: 1, else: 0) in [2, 3, 4]
+        end
+      end
+    end
+
     test "the Host runs every feature, so the test above emits calls there" do
       assert runs?(:host, Map.keys(ExlaRs.NIF.feature_bits()))
       assert Enum.sort(ExlaRs.CustomCall.features(:host)) == Enum.sort(Map.keys(ExlaRs.NIF.feature_bits()))
