@@ -35,8 +35,9 @@ defmodule ExlaRs.CustomCall do
 
   EXLA gives a custom call exactly the results of the block's traced default
   function (its `out`), and that trace is built before EXLA knows the client. So
-  the tags carry `workspace: N`, the most any platform's kernel asks for that
-  configuration (`workspace_bytes/3`, 0 when none does), and the default function
+  the tags carry `workspace: N`, the most that any platform running that
+  configuration, optional features included, asks for (`workspace_bytes/3`, 0
+  when none does), and the default function
   returns that many zero bytes, which XLA drops when nothing reads them. The
   handlers accept a workspace at least as large as they need (or one when they
   need none), so one traced program runs our kernel on every client: `spec/4`
