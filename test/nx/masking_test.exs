@@ -224,6 +224,18 @@ defmodule ExlaRs.MaskingTest do
 
       assert ExlaRs.attention_with_lse(q, k, v, [bias: nan_bias] ++ opts) ==
                ExlaRs.attention_with_lse(q, k, v, [bias: bias] ++ opts)
+
+      # ... nor in the backward: the same gradients, and 0 (not NaN) at the hidden entries.
+      grads = fn bias ->
+        Nx.Defn.grad({q, k, v, bias}, fn {q, k, v, bias} ->
+          {o, lse} = ExlaRs.attention_with_lse(q, k, v, [bias: bias] ++ opts)
+          Nx.add(Nx.sum(Nx.multiply(o, o)), Nx.sum(Nx.select(Nx.is_infinity(lse), 0, lse)))
+        end)
+      end
+
+      {dq, dk, dv, dbias} = grads.(nan_bias)
+      assert {dq, dk, dv, Nx.select(hidden, 0, dbias)} == grads.(bias)
+      assert Nx.select(hidden, dbias, 0) |> Nx.abs() |> Nx.reduce_max() |> Nx.to_number() == 0
     end
   end
 
