@@ -158,7 +158,7 @@ fn operand_count(target: &str, frame: &CallFrame<'_>, names: &[&str]) -> Result<
         return Err(invalid(
             target,
             format!(
-                "expected {} operands ({}) as the attributes has_key_mask/has_bias/has_alibi announce, got {}",
+                "expected {} operands ({}), got {} (the optional operands are those has_key_mask/has_bias/has_alibi announce)",
                 all.len(),
                 all.join(", "),
                 frame.arg_count()
