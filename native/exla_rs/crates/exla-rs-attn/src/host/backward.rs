@@ -105,6 +105,12 @@ fn run_impl<T: HostElement, K: Isa, const EXT: bool>(shape: &AttnShape, opts: &A
             let (b, hq) = (bhq / h, bhq % h);
             for i in 0..sq {
                 let src = ((b * sq + i) * h + hq) * d;
+                lse2[i] = inp.lse[bhq * sq + i] * LOG2_E;
+                if lse2[i] == f32::NEG_INFINITY {
+                    // A row the forward found fully masked contributes nothing: its q and dO stay
+                    // 0 here, so a NaN/inf in them cannot reach dK/dV through the gemms' P = 0.
+                    continue;
+                }
                 for (o, x) in qs[i * dp..i * dp + d].iter_mut().zip(&inp.q[src..src + d]) {
                     *o = opts.scale * x.to_f32();
                 }
@@ -114,7 +120,6 @@ fn run_impl<T: HostElement, K: Isa, const EXT: bool>(shape: &AttnShape, opts: &A
                     acc += *o * y.to_f32();
                 }
                 di[i] = acc;
-                lse2[i] = inp.lse[bhq * sq + i] * LOG2_E;
             }
         });
     let dq_acc: Vec<Mutex<Vec<f32>>> =
@@ -179,6 +184,9 @@ fn run_impl<T: HostElement, K: Isa, const EXT: bool>(shape: &AttnShape, opts: &A
             }
             scr.dk.fill(0.0);
             scr.dv.fill(0.0);
+            // An inf/NaN in this block's K: dQ = dX·(scale·K) then goes row by row over the keys each
+            // row sees, since dX's exact zeros at hidden keys times inf would be NaN.
+            let k_bad = scr.ks[..cols * dp].iter().any(|x| !x.is_finite());
 
             // key_mask hides every key of this block from batch row b: dK = dV = 0 here.
             let heads = if EXT && !prep.tile_visible(b, kb) { 0..0 } else { kvh * g..(kvh + 1) * g };
@@ -244,7 +252,24 @@ fn run_impl<T: HostElement, K: Isa, const EXT: bool>(shape: &AttnShape, opts: &A
                         K::gemm(Gemm { m: kw, n: dp, k: rows, a: scr.p.as_ptr().add(clo), a_rs: 1, a_cs: BC, b: doblk.as_ptr(), ldb: dp, c: scr.dv.as_mut_ptr().add(clo * dp), ldc: dp, accumulate: true });
                         K::gemm(Gemm { m: kw, n: dp, k: rows, a: scr.s.as_ptr().add(clo), a_rs: 1, a_cs: BC, b: qblk.as_ptr(), ldb: dp, c: scr.dk.as_mut_ptr().add(clo * dp), ldc: dp, accumulate: true });
                         // This block's share of dQ = dX·(scale·K), added under the block's lock.
-                        K::gemm(Gemm { m: rows, n: dp, k: kw, a: scr.s.as_ptr().add(clo), a_rs: BC, a_cs: 1, b: scr.ks.as_ptr().add(clo * dp), ldb: dp, c: scr.tmp.as_mut_ptr(), ldc: dp, accumulate: false });
+                        if !k_bad {
+                            K::gemm(Gemm { m: rows, n: dp, k: kw, a: scr.s.as_ptr().add(clo), a_rs: BC, a_cs: 1, b: scr.ks.as_ptr().add(clo * dp), ldb: dp, c: scr.tmp.as_mut_ptr(), ldc: dp, accumulate: false });
+                        }
+                    }
+                    if k_bad {
+                        for r in 0..rows {
+                            let rg = scr.ranges[r];
+                            let a = rg.start.saturating_sub(j0).min(cols);
+                            let e = rg.end.saturating_sub(j0).min(cols);
+                            scr.tmp[r * dp..(r + 1) * dp].fill(0.0);
+                            if a >= e || !lse2[row0 + r].is_finite() {
+                                continue;
+                            }
+                            // SAFETY: s row r columns a..e < BC; ks rows a..e; tmp row r.
+                            unsafe {
+                                K::gemm(Gemm { m: 1, n: dp, k: e - a, a: scr.s.as_ptr().add(r * BC + a), a_rs: BC, a_cs: 1, b: scr.ks.as_ptr().add(a * dp), ldb: dp, c: scr.tmp.as_mut_ptr().add(r * dp), ldc: dp, accumulate: false });
+                            }
+                        }
                     }
                     if let Some(acc) = acc {
                         let dz = if ds_apart { &scr.ds[..] } else { &scr.s[..] };

@@ -184,10 +184,14 @@ fn step<K: Isa, const EXT: bool>(scr: &mut Scratch, opts: &AttnOptions, rows: us
         });
     }
     let (mut clo, mut chi) = (BC, 0);
+    // Whether some row of the block sees only part of [clo, chi) (or nothing of it): then P has
+    // exact zeros at keys those rows must not see, and the block gemm would multiply them by V.
+    let mut partial = EXT;
     for r in 0..rows {
         let rg = scr.ranges[r];
         let a = rg.start.saturating_sub(j0).min(BC);
         let b = rg.end.saturating_sub(j0).min(BC);
+        partial |= r > 0 && (a, b) != (rg_a(&scr.ranges[0], j0), rg_b(&scr.ranges[0], j0));
         let srow = &mut scr.s[r * BC..(r + 1) * BC];
         if a >= b {
             // Nothing visible in this tile: the row adds nothing to O.
@@ -219,7 +223,32 @@ fn step<K: Isa, const EXT: bool>(scr: &mut Scratch, opts: &AttnOptions, rows: us
         clo = clo.min(a);
         chi = chi.max(b);
     }
-    if clo < chi {
+    // 0 * inf = NaN: when such a tile's V holds an inf/NaN, each row multiplies only the keys it
+    // sees (a row that sees one gets the non-finite result it should), so none reaches the others.
+    if clo < chi && partial && vp[(j0 + clo) * dp..(j0 + chi) * dp].iter().any(|x| !x.is_finite()) {
+        for r in 0..rows {
+            let (a, b) = (rg_a(&scr.ranges[r], j0), rg_b(&scr.ranges[r], j0));
+            if a >= b || scr.m[r] == f32::NEG_INFINITY {
+                continue;
+            }
+            // SAFETY: s row r columns a..b < BC; vp rows j0+a..j0+b inside the tile; o row r.
+            unsafe {
+                K::gemm(Gemm {
+                    m: 1,
+                    n: dp,
+                    k: b - a,
+                    a: scr.s.as_ptr().add(r * BC + a),
+                    a_rs: BC,
+                    a_cs: 1,
+                    b: vp.as_ptr().add((j0 + a) * dp),
+                    ldb: dp,
+                    c: scr.o.as_mut_ptr().add(r * dp),
+                    ldc: dp,
+                    accumulate: true,
+                });
+            }
+        }
+    } else if clo < chi {
         // SAFETY: s columns clo..chi < BC; vp rows j0+clo..j0+chi lie inside the padded tile.
         unsafe {
             K::gemm(Gemm {
@@ -237,4 +266,12 @@ fn step<K: Isa, const EXT: bool>(scr: &mut Scratch, opts: &AttnOptions, rows: us
             });
         }
     }
+}
+
+/// A row's visible keys within the tile starting at key j0, as tile columns [rg_a, rg_b).
+fn rg_a(rg: &KeyRange, j0: usize) -> usize {
+    rg.start.saturating_sub(j0).min(BC)
+}
+fn rg_b(rg: &KeyRange, j0: usize) -> usize {
+    rg.end.saturating_sub(j0).min(BC)
 }
