@@ -7,10 +7,49 @@ cd "$(dirname "$0")/.."
 source scripts/env.sh
 
 results=()
-step() { # step NAME CMD...: runs one suite, records its outcome, keeps going.
+total_passed=0 total_failed=0
+logs=$(mktemp -d)
+trap 'rm -rf "$logs"' EXIT
+# count_tests LOG: "PASSED FAILED" from the closing lines of the runner that wrote LOG (cargo
+# test's `test result:` lines summed, pytest's last summary, ExUnit's `N tests, N failures`), or
+# nothing for a step that runs no test runner.
+count_tests() {
+  awk '
+    /^test result: / { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^failed/) f += $i }; seen = 1 }
+    /^=* *[0-9]+ (passed|failed|error)/ || /^[0-9]+ (passed|failed)(,| in )/ {
+      pp = 0; ff = 0
+      for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed/) pp = $i; if ($(i+1) ~ /^(failed|errors?)/) ff += $i }
+      py_p = pp; py_f = ff; py = 1
+    }
+    /^[0-9]+ tests?, [0-9]+ failures?/ {
+      ex_t = $1; ex_f = $3; ex_x = 0
+      for (i = 4; i <= NF; i++) if ($(i+1) ~ /^(excluded|skipped|invalid)/) ex_x += $i
+      ex = 1
+    }
+    END {
+      if (seen) print p, f
+      else if (py) print py_p, py_f
+      else if (ex) print ex_t - ex_f - ex_x, ex_f
+    }' "$1"
+}
+step() { # step NAME CMD...: runs one suite, records its outcome and test counts, keeps going.
   local name=$1; shift
   echo; echo "=== $name"
-  if "$@"; then results+=("PASS $name"); else results+=("FAIL $name"); fi
+  local log=$logs/${#results[@]}.log
+  "$@" 2>&1 | tee "$log"
+  local rc=${PIPESTATUS[0]} counts passed failed
+  counts=$(count_tests "$log")
+  if [[ -n $counts ]]; then
+    read -r passed failed <<<"$counts"
+    # A runner that failed without counting a failed test (a crash, a build error) is one failure.
+    ((rc != 0 && failed == 0)) && failed=1
+    counts=" ($passed passed, $failed failed)"
+  else
+    # A step with no test runner (a build, the demo) counts as one check.
+    if ((rc == 0)); then passed=1 failed=0; else passed=0 failed=1; fi
+  fi
+  total_passed=$((total_passed + passed)) total_failed=$((total_failed + failed))
+  if ((rc == 0)); then results+=("PASS $name$counts"); else results+=("FAIL $name$counts"); fi
 }
 
 step "cargo build (release)" cargo build --release --manifest-path "$CARGO_MANIFEST" --workspace
@@ -34,7 +73,8 @@ mix_test() {
 step "mix test" mix_test
 
 echo; echo "=== summary"
-failed=0
-for r in "${results[@]}"; do echo "$r"; [[ $r == FAIL* ]] && failed=$((failed + 1)); done
-echo "$(( ${#results[@]} - failed )) passed, $failed failed"
-((failed == 0))
+failed_steps=0
+for r in "${results[@]}"; do echo "$r"; [[ $r == FAIL* ]] && failed_steps=$((failed_steps + 1)); done
+# Tests across every suite (a step without a runner counts as one).
+echo "$total_passed passed, $total_failed failed"
+((failed_steps == 0))
