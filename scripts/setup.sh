@@ -43,7 +43,9 @@ venv jax-0.9.0  "jax[cpu]==0.9.0"  "numpy<3" pytest==8.3.5 ml_dtypes
 venv jax-0.10.2 "jax[cpu]==0.10.2" "numpy<3" pytest==8.3.5 ml_dtypes
 # nvcc + cccl: compile every CUDA kernel in CI, with no GPU present. nvvm/crt/runtime are pinned to
 # 13.0 too: unpinned, pip picks 13.5's cicc, whose PTX 9.5 the 13.0 ptxas (and driver 580) refuse.
-venv cuda "nvidia-cuda-nvcc==13.0.88" "nvidia-nvvm==13.0.88" "nvidia-cuda-crt==13.0.88" "nvidia-cuda-runtime==13.0.96" "nvidia-cuda-cccl==13.0.85" "nvidia-cuda-nvrtc==13.0.88"
+# cuobjdump + nvdisasm read the built kernels' SASS (kernels/sass_stats.py, the CI spill check); no
+# 13.0.x wheel of them exists on PyPI, 13.2.51 is the oldest and disassembles 13.0's sm_80..sm_90 code.
+venv cuda "nvidia-cuda-nvcc==13.0.88" "nvidia-nvvm==13.0.88" "nvidia-cuda-crt==13.0.88" "nvidia-cuda-runtime==13.0.96" "nvidia-cuda-cccl==13.0.85" "nvidia-cuda-nvrtc==13.0.88" "nvidia-cuda-cuobjdump==13.2.51" "nvidia-cuda-nvdisasm==13.2.51"
 # A real XLA CPU PJRT plugin (exports GetPjrtApi, FFI extension) for the NIF registration test.
 venv pjrt "lammps-jax-pjrt-cpu==0.11.2"
 echo "setup: done"

@@ -60,6 +60,9 @@ done
 # The tensor-core kernels' fragment and address math, emulated lane by lane on the CPU against
 # float64 (the real kernels need a GPU; test/gpu runs them there).
 step "CUDA kernel emulation" "$EXLA_RS_VENVS/jax-0.10.2/bin/python" native/exla_rs/kernels/emulate.py
+# No kernel may spill: any LDL/STL in the SASS of the release build's fatbins fails CI (per-kernel
+# instruction/HMMA/integer-op counts are printed too: the signal for kernel work without a GPU).
+step "CUDA kernels: SASS statistics, no spills" "$EXLA_RS_VENVS/jax-0.10.2/bin/python" native/exla_rs/kernels/sass_stats.py --check-spills
 # The README's main job, small: it must run to its check and its timings.
 step "demo (scripts/demo.py, S=256)" "$EXLA_RS_VENVS/jax-0.10.2/bin/python" scripts/demo.py --seq 256 --repeats 1
 # ExUnit on Elixir >= 1.17 with real Nx, EXLA's Elixir side and Axon as Mix dependencies

@@ -1,0 +1,167 @@
+#!/usr/bin/env python3
+"""Per-kernel SASS statistics of the built CUDA kernels: a signal any machine can read, no GPU needed.
+
+For every kernel in every fatbin build.rs wrote (one per kernels/inst/*.cu) and every SASS
+architecture in it: instructions, HMMA, LDSM, integer ops, local-memory accesses (LDL/STL: spills),
+registers, stack and static shared memory, from `cuobjdump -sass` / `cuobjdump -res-usage`.
+"Integer ops" are the integer-pipe opcodes that index, mask and address work costs (the list is
+the one shared/design/facts.md counts FA2 with): IMAD, IADD3, LOP3, SHF, LEA, ISETP, SEL, IMNMX,
+VIADD, PLOP3.
+
+    python3 native/exla_rs/kernels/sass_stats.py                  # newest release build
+    python3 native/exla_rs/kernels/sass_stats.py --arch sm_90 --kernel 'bwd_.*_d256'
+    python3 native/exla_rs/kernels/sass_stats.py --markdown       # the table bench/RESULTS.md holds
+    python3 native/exla_rs/kernels/sass_stats.py --check-spills   # exit 1 on any LDL/STL (CI)
+    python3 native/exla_rs/kernels/sass_stats.py --dir DIR        # fatbins/cubins elsewhere
+
+cuobjdump and nvdisasm come from NVIDIA's pip wheels (scripts/setup.sh puts them in the cuda
+venv next to nvcc); found through CUOBJDUMP, CUDA_HOME/bin, the cuda venv, or PATH.
+"""
+from __future__ import annotations
+
+import argparse
+import glob
+import os
+import re
+import shutil
+import subprocess
+import sys
+from collections import Counter, defaultdict
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[3]
+INT_OPS = {"IMAD", "IADD3", "LOP3", "SHF", "LEA", "ISETP", "SEL", "IMNMX", "VIADD", "PLOP3"}
+INSN = re.compile(r"^\s*/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P[0-9T]\s+)?([A-Z][A-Z0-9_]*)(?:\.[A-Z0-9_.]*)?\b")
+
+
+def find_cuobjdump() -> str:
+    cands = [os.environ.get("CUOBJDUMP")]
+    if os.environ.get("CUDA_HOME"):
+        cands.append(os.path.join(os.environ["CUDA_HOME"], "bin", "cuobjdump"))
+    cands += glob.glob(str(ROOT / ".venv/cuda/lib/python3*/site-packages/nvidia/cu13/bin/cuobjdump"))
+    cands.append(shutil.which("cuobjdump"))
+    for c in cands:
+        if c and os.path.isfile(c) and os.access(c, os.X_OK):
+            return c
+    sys.exit("sass_stats: cuobjdump not found (set CUOBJDUMP or CUDA_HOME, or run scripts/setup.sh)")
+
+
+def default_dir() -> Path:
+    """The exla-rs-cuda build output holding fatbins that was written last (release first)."""
+    outs = []
+    for prof in ("release", "debug"):
+        for d in glob.glob(str(ROOT / f"native/exla_rs/target/{prof}/build/exla-rs-cuda-*/out")):
+            fb = glob.glob(os.path.join(d, "*.fatbin"))
+            if fb:
+                outs.append((max(os.path.getmtime(f) for f in fb), d))
+        if outs:
+            break
+    if not outs:
+        sys.exit("sass_stats: no fatbins found; build first (cargo build --release ... with nvcc)")
+    return Path(max(outs)[1])
+
+
+def run(tool: str, args: list[str]) -> str:
+    env = dict(os.environ)
+    # cuobjdump -sass runs nvdisasm, which the pip wheel installs beside it.
+    env["PATH"] = os.path.dirname(tool) + os.pathsep + env.get("PATH", "")
+    r = subprocess.run([tool, *args], capture_output=True, text=True, env=env)
+    if r.returncode != 0:
+        sys.exit(f"sass_stats: {tool} {' '.join(args)} failed:\n{r.stderr}")
+    return r.stdout
+
+
+def stats_of(tool: str, path: Path) -> dict[tuple[str, str], dict]:
+    """{(arch, kernel): stats} for one fatbin or cubin."""
+    out: dict[tuple[str, str], dict] = defaultdict(lambda: {"ops": Counter()})
+    sass = run(tool, ["-sass", str(path)])
+    archs = set(re.findall(r"code for (sm_\w+)", sass))
+    # A cubin's -res-usage names no arch: it is the one its SASS is for.
+    arch = archs.pop() if len(archs) == 1 else None
+    for line in run(tool, ["-res-usage", str(path)]).splitlines():
+        m = re.match(r"\s*arch = (sm_\w+)", line)
+        if m:
+            arch = m.group(1)
+        m = re.match(r"\s*Function (\S+):", line)
+        if m:
+            fn = m.group(1)
+            continue
+        m = re.match(r"\s*REG:(\d+) STACK:(\d+) SHARED:(\d+) LOCAL:(\d+)", line)
+        if m and arch:
+            s = out[(arch, fn)]
+            s["regs"], s["stack"], s["static_smem"], s["local"] = map(int, m.groups())
+    arch = fn = None
+    for line in sass.splitlines():
+        m = re.match(r"\s*code for (sm_\w+)", line)
+        if m:
+            arch = m.group(1)
+            continue
+        m = re.match(r"\s*Function : (\S+)", line)
+        if m:
+            fn = m.group(1)
+            continue
+        m = INSN.match(line)
+        if m and arch and fn:
+            out[(arch, fn)]["ops"][m.group(1)] += 1
+    return dict(out)
+
+
+def summarize(s: dict) -> dict:
+    ops: Counter = s["ops"]
+    n = sum(v for k, v in ops.items() if k != "NOP")
+    hmma = ops["HMMA"]
+    integer = sum(ops[k] for k in INT_OPS)
+    return dict(
+        insts=n, hmma=hmma, ldsm=ops["LDSM"], int=integer, ldl=ops["LDL"], stl=ops["STL"],
+        regs=s.get("regs", -1), stack=s.get("stack", -1),
+        int_per_hmma=(integer / hmma) if hmma else None, ldsm_per_hmma=(ops["LDSM"] / hmma) if hmma else None,
+    )
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--dir", type=Path, help="directory of *.fatbin / *.cubin (default: newest build)")
+    ap.add_argument("--arch", help="only this SASS arch (sm_80, sm_90, ...)")
+    ap.add_argument("--kernel", help="only kernels matching this regex (searched in the name)")
+    ap.add_argument("--markdown", action="store_true", help="print a markdown table")
+    ap.add_argument("--check-spills", action="store_true", help="exit 1 if any kernel has LDL/STL")
+    a = ap.parse_args()
+    tool = find_cuobjdump()
+    d = a.dir or default_dir()
+    files = sorted(glob.glob(str(d / "*.fatbin")) + glob.glob(str(d / "*.cubin")))
+    if not files:
+        sys.exit(f"sass_stats: no *.fatbin or *.cubin in {d}")
+    rows = []
+    for f in files:
+        for (arch, fn), s in stats_of(tool, Path(f)).items():
+            if a.arch and arch != a.arch:
+                continue
+            if a.kernel and not re.search(a.kernel, fn):
+                continue
+            rows.append((arch, fn.removeprefix("exla_rs_"), summarize(s)))
+    rows.sort(key=lambda r: (int(re.sub(r"\D", "", r[0]) or 0), r[1]))
+    ratio = lambda x: "-" if x is None else f"{x:.1f}"
+    if a.markdown:
+        print("| arch | kernel | insts | HMMA | LDSM | int ops | int/HMMA | LDL | STL | regs |")
+        print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+        for arch, fn, r in rows:
+            print(f"| {arch} | {fn} | {r['insts']} | {r['hmma']} | {r['ldsm']} | {r['int']} | {ratio(r['int_per_hmma'])} | {r['ldl']} | {r['stl']} | {r['regs']} |")
+    else:
+        print(f"{'arch':7} {'kernel':24} {'insts':>6} {'HMMA':>5} {'LDSM':>5} {'int':>5} {'int/HMMA':>8} {'LDL':>4} {'STL':>4} {'regs':>4} {'stack':>5}")
+        for arch, fn, r in rows:
+            print(f"{arch:7} {fn:24} {r['insts']:6} {r['hmma']:5} {r['ldsm']:5} {r['int']:5} {ratio(r['int_per_hmma']):>8} "
+                  f"{r['ldl']:4} {r['stl']:4} {r['regs']:4} {r['stack']:5}")
+    print(f"# {len(rows)} kernel images from {d}", file=sys.stderr)
+    spills = [(arch, fn, r) for arch, fn, r in rows if r["ldl"] or r["stl"]]
+    if a.check_spills:
+        for arch, fn, r in spills:
+            print(f"SPILL: {arch} {fn}: {r['stl']} STL, {r['ldl']} LDL, stack {r['stack']} bytes", file=sys.stderr)
+        if not rows:
+            print("sass_stats: no kernels matched", file=sys.stderr)
+            return 1
+        return 1 if spills else 0
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
