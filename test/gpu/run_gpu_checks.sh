@@ -57,6 +57,6 @@ if has sanitize; then
 fi
 
 if has bench; then
-  timeout 590 $PY bench/bench_cuda.py --out "$OUT/results_cuda.md" 2>&1 | tee "$OUT/bench.log" || status=1
+  timeout 590 $PY bench/bench_cuda.py --results "$OUT/results_cuda.md" 2>&1 | tee "$OUT/bench.log" || status=1
 fi
 exit $status
