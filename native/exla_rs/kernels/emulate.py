@@ -294,7 +294,8 @@ def flash_fwd(q, k, v, kv_len, q_start, scale, softcap, wl, wr):
 
 
 def bwd_traits(d):
-    warps, split = 4, (1 if d <= 128 else 2)
+    warps = 4 if d <= 192 else 8
+    split = 1 if d <= 128 else (2 if d <= 192 else 4)
     return warps, split, 16 * warps // split, (64 if d <= 96 else 32), d // split
 
 

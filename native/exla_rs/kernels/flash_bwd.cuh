@@ -20,8 +20,11 @@ namespace exla_rs {
 // Mirrored in crates/exla-rs-cuda/src/config.rs: change both. Shared memory <= 96 KiB (sm_86/89).
 template <int D>
 struct BwdTraits {
-  static constexpr int kWarps = 4;
-  static constexpr int kDSplit = D <= 128 ? 1 : 2;      // warps sharing one 16-key slice
+  // D = 256: dK and dV of 16 keys x 128 columns (128 f32 per thread) with S^T, dP^T and the
+  // fragments spilled (~72 LDL/STL on sm_90). 8 warps with a 4-way column split hold 64 columns
+  // each (220 registers, no spill); the price is that 4 warps recompute the same S^T/dP^T slice.
+  static constexpr int kWarps = D <= 192 ? 4 : 8;
+  static constexpr int kDSplit = D <= 128 ? 1 : (D <= 192 ? 2 : 4);  // warps sharing a 16-key slice
   static constexpr int kBlockN = 16 * kWarps / kDSplit;  // keys per block
   static constexpr int kBlockM = D <= 96 ? 64 : 32;      // queries per step (registers: S^T, dP^T)
   static constexpr int kDW = D / kDSplit;                // dK/dV columns per warp

@@ -116,8 +116,8 @@ pub fn fwd_smem_bytes(d: usize) -> usize {
 
 /// Tensor-core backward tiles (BwdTraits in kernels/flash_bwd.cuh): (warps, block_m, block_n).
 fn bwd_tc_traits(d: usize) -> (usize, usize, usize) {
-    let warps = 4;
-    let split = if d <= 128 { 1 } else { 2 };
+    let warps = if d <= 192 { 4 } else { 8 };
+    let split = if d <= 128 { 1 } else if d <= 192 { 2 } else { 4 };
     let block_n = 16 * warps / split;
     let block_m = if d <= 96 { 64 } else { 32 };
     (warps, block_m, block_n)
@@ -303,8 +303,8 @@ mod tests {
         assert!(fwd.contains("kBlockN = D <= 128 ? 64 : 32"));
         assert!(fwd.contains("kSmemBytes = (kBlockM * D + 4 * kBlockN * D) * 2"));
         let bwd = include_str!("../../../kernels/flash_bwd.cuh");
-        assert!(bwd.contains("kWarps = 4;"));
-        assert!(bwd.contains("kDSplit = D <= 128 ? 1 : 2"));
+        assert!(bwd.contains("kWarps = D <= 192 ? 4 : 8;"));
+        assert!(bwd.contains("kDSplit = D <= 128 ? 1 : (D <= 192 ? 2 : 4);"));
         assert!(bwd.contains("kBlockM = D <= 96 ? 64 : 32"));
         assert!(bwd.contains("(2 * kBlockN * D + 2 * kBlockM * D + kBlockN * kBlockM) * 2 + 2 * kBlockM * 4 + kBlockN * 4;"));
         let simt = include_str!("../../../kernels/simt.cuh");
