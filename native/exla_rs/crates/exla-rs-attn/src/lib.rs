@@ -11,6 +11,7 @@ pub mod extras;
 pub mod host;
 pub mod mask;
 pub mod options;
+pub mod philox;
 pub mod shape;
 
 pub use dtype::ElementType;
