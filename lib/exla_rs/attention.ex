@@ -69,10 +69,20 @@ defmodule ExlaRs.Attention do
         head, rounded to `f32`): the score gets `-slope[h] * |q_start[b] + i - j|`,
         computed in the kernel (no `seq_q × seq_k` tensor).
 
+      * `:dropout_rate` - attention dropout for training: a number in `[0, 1)`
+        (rounded to f32), the probability of dropping each entry of the softmax
+        `P`. Defaults to `0` (no dropout, nothing of it in the graph). The output
+        is `(P ⊙ M / (1 - rate)) · v`; `lse` is unchanged.
+      * `:dropout_key` - the key of the dropout mask, a `u32` tensor of shape `{2}`
+        as `Nx.Random.key/1` returns (required with a rate above 0). The mask
+        `M[b, h, i, j]` is the contract's Philox4x32-10 function of the key and
+        the indices (`ExlaRs.Attention.Philox`), the same bits on every backend:
+        the same key gives the same mask, so split the key between steps.
+
     Any combination of the options works. Under EXLA, the `:cuda` client does not
-    run `:key_mask`, `:bias` or `:alibi_slopes` yet: calls using them run the Nx
-    fallback there (`ExlaRs.CustomCall` asks the native library what each platform
-    runs).
+    run `:key_mask`, `:bias` or `:alibi_slopes` yet, and no client runs
+    `:dropout_rate` in a native kernel yet: calls using them run the Nx fallback
+    there (`ExlaRs.CustomCall` asks the native library what each platform runs).
 
     ## Gradients
 
@@ -90,6 +100,8 @@ defmodule ExlaRs.Attention do
     part is added to it). The backward asks for `dbias` whenever the bias is
     computed in the traced program (a parameter or anything derived from one), and
     not when it is a constant captured from outside, which can have no gradient.
+    With dropout, the backward regenerates the forward's mask from the key: the
+    gradients are those of the masked function (the key gets none).
     `:key_mask`, `:kv_len`, `:q_start` and `:alibi_slopes` get none: they are
     not differentiable inputs of the contract (ALiBi slopes are fixed constants in
     the models that use them), so a gradient taken with respect to them is zero.
@@ -100,14 +112,27 @@ defmodule ExlaRs.Attention do
     `kv_heads`, unknown options and bad option values (a key mask not
     `{batch, seq_k}` or not of an integer type, a bias of another rank, a bias
     dimension neither 1 nor full, a non-float bias, slopes not `{heads}` or not
-    of a float type) raise `ArgumentError` naming the argument and what was
-    expected, before anything reaches native code.
+    of a float type, a `:dropout_rate` outside `[0, 1)`, a `:dropout_key` not
+    `u32 {2}`, a rate without a key) raise `ArgumentError` naming the argument
+    and what was expected, before anything reaches native code.
     """
 
     alias ExlaRs.Attention.{Backward, Fallback, Forward}
 
     @float_types [{:f, 16}, {:bf, 16}, {:f, 32}, {:f, 64}]
-    @option_keys [:scale, :causal, :window_size, :softcap, :kv_len, :q_start, :key_mask, :bias, :alibi_slopes]
+    @option_keys [
+      :scale,
+      :causal,
+      :window_size,
+      :softcap,
+      :kv_len,
+      :q_start,
+      :key_mask,
+      :bias,
+      :alibi_slopes,
+      :dropout_rate,
+      :dropout_key
+    ]
 
     @doc false
     # The options that are tensors (the Axon layer takes them as nodes).
@@ -197,12 +222,14 @@ defmodule ExlaRs.Attention do
 
       kv_len = row_tensor!(fun, :kv_len, Keyword.get(opts, :kv_len), b, sk)
       q_start = row_tensor!(fun, :q_start, Keyword.get(opts, :q_start), b, sk - sq)
+      {dropout_rate, dropout_key} = dropout!(fun, opts[:dropout_rate], opts[:dropout_key])
 
       optional =
         [
           key_mask: key_mask!(fun, opts[:key_mask], b, sk),
           bias: bias!(fun, opts[:bias], {b, h, sq, sk}),
-          alibi_slopes: slopes!(fun, opts[:alibi_slopes], h)
+          alibi_slopes: slopes!(fun, opts[:alibi_slopes], h),
+          dropout_key: dropout_key
         ]
         |> Enum.reject(fn {_name, t} -> is_nil(t) end)
 
@@ -211,7 +238,7 @@ defmodule ExlaRs.Attention do
       fwd =
         struct!(
           Forward,
-          [scale: scale, softcap: softcap, window_left: left, window_right: right] ++
+          [scale: scale, softcap: softcap, window_left: left, window_right: right, dropout_rate: dropout_rate] ++
             ExlaRs.CustomCall.presence_fields(Keyword.keys(optional))
         )
 
@@ -296,7 +323,7 @@ defmodule ExlaRs.Attention do
       end
     end
 
-    # The block's default function: Fallback.forward/6..9 or backward/9..12, one
+    # The block's default function: Fallback.forward/6..10 or backward/9..13, one
     # argument per block input after the tag.
     defp default(pass, args), do: Function.capture(Fallback, pass, length(args) + 1)
 
@@ -323,6 +350,10 @@ defmodule ExlaRs.Attention do
     # are; dbias, when asked for, is the lse part of the bias gradient (Nx adds it
     # to the o part).
     defp lse_grads(fwd, bias_grad?, [q, k, v, kv_len, q_start], optional, lse, dlse) do
+      # lse is the softmax's, before dropout: its gradient is p * dlse whatever the mask.
+      by_name = ExlaRs.CustomCall.optional_map(fwd, optional)
+      fwd = %{fwd | has_dropout: false, dropout_rate: 0.0}
+      optional = for name <- ExlaRs.CustomCall.optional_operands(fwd), do: by_name[name]
       {b, sq, h, d} = Nx.shape(q)
       {_, sk, hkv, _} = Nx.shape(k)
       type = Nx.type(q)
@@ -473,6 +504,44 @@ defmodule ExlaRs.Attention do
     defp row_tensor!(fun, name, other, b, _default) do
       raise ArgumentError,
             "#{fun}: expected #{inspect(name)} to be an integer tensor of shape {#{b}}, got: #{inspect(other)}"
+    end
+
+    @doc false
+    # The dropout rate as the f32 the contract carries, raising unless it is a
+    # number in [0, 1) (also after rounding: 0.99999999 rounds to 1.0 in f32).
+    def dropout_rate!(nil, _fun), do: 0.0
+
+    def dropout_rate!(rate, fun) do
+      rate = if is_number(rate), do: check_f32!(rate, fun, :dropout_rate), else: rate
+
+      unless is_float(rate) and rate >= 0 and rate < 1 do
+        raise ArgumentError,
+              "#{fun}: expected :dropout_rate to be a number in [0, 1) (0 for no dropout), got: #{inspect(rate)}"
+      end
+
+      rate
+    end
+
+    # {rate, key operand or nil}: the key only when the rate is > 0 (rate 0 puts
+    # nothing of dropout in the graph), but always checked when given.
+    defp dropout!(fun, rate, key) do
+      rate = dropout_rate!(rate, fun)
+      expected = "a u32 tensor of shape {2} (as Nx.Random.key/1 returns)"
+
+      case key && option_tensor!(fun, :dropout_key, key, expected) do
+        nil when rate > 0 ->
+          raise ArgumentError, "#{fun}: :dropout_rate #{rate} needs a :dropout_key, #{expected}"
+
+        nil ->
+          {rate, nil}
+
+        {{:u, 32}, {2}} ->
+          {rate, if(rate > 0, do: key)}
+
+        {type, shape} ->
+          raise ArgumentError,
+                "#{fun}: expected :dropout_key to be #{expected}, got #{inspect(type)} of shape #{inspect(shape)}"
+      end
     end
 
     # key_mask: integer {b, sk}, passed on as u8 (nonzero = visible).

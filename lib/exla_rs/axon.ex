@@ -20,8 +20,8 @@ defmodule ExlaRs.Axon do
 
         attention_output = Layers.attention_output(attention_weights, value)
 
-    With exla_rs (no attention weights output, no dropout on the weights), the
-    same block is:
+    With exla_rs (no attention weights output; the dropout is applied inside the
+    attention), the same block is:
 
         attention_output =
           ExlaRs.Axon.attention(query, key, value,
@@ -31,6 +31,8 @@ defmodule ExlaRs.Axon do
             bias: attention_bias,
             causal: causal,
             scale: scale,
+            # dropout on the attention probabilities, in training mode only
+            dropout_rate: attention_dropout_rate,
             name: join(name, "flash_attention")
           )
 
@@ -47,6 +49,8 @@ defmodule ExlaRs.Axon do
     """
 
     @attention_keys [:scale, :causal, :window_size, :softcap]
+    # The layer's tensor inputs after q, k, v: the tensor options, then the dropout key.
+    @layer_tensor_keys ExlaRs.Attention.tensor_option_keys() ++ [:dropout_key]
 
     if Code.ensure_loaded?(Axon) do
       @doc """
@@ -58,28 +62,64 @@ defmodule ExlaRs.Axon do
       Axon nodes (for instance `kv_len_from_mask/1` of an input, an `Axon.input/2`
       key mask, or a learned bias), plus `:name`. The bias gets its gradient like
       any other node's output.
+
+      ## Dropout
+
+      `:dropout_rate` (a number in `[0, 1)`, default 0) applies attention dropout
+      in training mode only (`Axon.build(model, mode: :train)`); in inference mode
+      the rate is ignored. The key follows `Axon.dropout/2`: the layer keeps a
+      `"key"` state parameter (`u32 {2}`), initialised with `Nx.Random.key(seed)`
+      (`:seed`, default `:erlang.system_time/0` when the model is built); each
+      training step splits it with `Nx.Random.split/1`, draws the mask with one
+      half and returns the other as the layer's new state. A `:dropout_key` node
+      may be given instead (then no state is kept and the mask is that key's).
       """
       def attention(%Axon{} = query, %Axon{} = key, %Axon{} = value, opts \\ []) do
         opts = check_options!(opts)
         {name, opts} = Keyword.pop(opts, :name)
-        {tensors, opts} = Keyword.split(opts, ExlaRs.Attention.tensor_option_keys())
+        {seed, opts} = Keyword.pop_lazy(opts, :seed, fn -> :erlang.system_time() end)
+        {tensors, opts} = Keyword.split(opts, @layer_tensor_keys)
         tensors = Enum.reject(tensors, fn {_key, node} -> is_nil(node) end)
+        rate = opts[:dropout_rate] || 0.0
+
+        # With a rate and no key node, the key is the layer's state, as in Axon.dropout/2.
+        {tensors, state?} =
+          if rate > 0 and not Keyword.has_key?(tensors, :dropout_key) do
+            key_state =
+              Axon.param("key", {2},
+                type: {:u, 32},
+                initializer: fn _, _ -> Nx.Random.key(seed) end,
+                kind: :state
+              )
+
+            {tensors ++ [dropout_key: key_state], true}
+          else
+            {tensors, false}
+          end
+
         op = Function.capture(__MODULE__, :layer, 4 + length(tensors))
 
         Axon.layer(
           op,
           [query, key, value | Keyword.values(tensors)],
           # opts holds only attention options now (checked, :name and the nodes taken out).
-          [name: name, op_name: :exla_rs_attention, tensor_keys: Keyword.keys(tensors)] ++ opts
+          [name: name, op_name: :exla_rs_attention, tensor_keys: Keyword.keys(tensors), dropout_state: state?] ++
+            opts
         )
       end
 
       # The layer functions ignore unknown keys (Axon adds its own, like :mode),
       # so a misspelt option must be caught here, when the model is built.
       defp check_options!(opts) do
-        ExlaRs.Attention.check_option_keys!(opts, "ExlaRs.Axon.attention/4", [:name])
+        fun = "ExlaRs.Axon.attention/4"
+        ExlaRs.Attention.check_option_keys!(opts, fun, [:name, :seed])
+        ExlaRs.Attention.dropout_rate!(opts[:dropout_rate], fun)
 
-        for key <- ExlaRs.Attention.tensor_option_keys() do
+        unless is_nil(opts[:seed]) or is_integer(opts[:seed]) do
+          raise ArgumentError, "#{fun}: expected :seed to be an integer, got: #{inspect(opts[:seed])}"
+        end
+
+        for key <- @layer_tensor_keys do
           case opts[key] do
             nil ->
               :ok
@@ -99,16 +139,21 @@ defmodule ExlaRs.Axon do
       end
     end
 
-    # One layer function per number of tensor options (0 to 5).
-    for n <- 0..length(ExlaRs.Attention.tensor_option_keys()) do
+    # One layer function per number of tensor inputs after v (0 to 6).
+    for n <- 0..length(@layer_tensor_keys) do
       tensors = Macro.generate_arguments(n, __MODULE__)
 
       if n == 0 do
         @doc """
         Axon layer function: `ExlaRs.attention(q, k, v, opts)`. `layer/5` to
-        `layer/9` take tensor options after `v`, named in order by
+        `layer/10` take tensor options after `v`, named in order by
         `opts[:tensor_keys]` (default: the first of `:kv_len`, `:q_start`,
-        `:key_mask`, `:bias`, `:alibi_slopes`).
+        `:key_mask`, `:bias`, `:alibi_slopes`, `:dropout_key`).
+
+        `:dropout_rate` applies only when `opts[:mode]` is `:train` (Axon passes
+        the mode); with `dropout_state: true` the `:dropout_key` input is the
+        layer's `"key"` state, split once per call, and the result is an
+        `Axon.StatefulOutput` carrying the next key.
         """
       else
         @doc false
@@ -118,8 +163,33 @@ defmodule ExlaRs.Axon do
     end
 
     defp apply_layer(q, k, v, tensors, opts) do
-      keys = Keyword.get(opts, :tensor_keys, Enum.take(ExlaRs.Attention.tensor_option_keys(), length(tensors)))
-      ExlaRs.Attention.attention(q, k, v, Keyword.take(opts, @attention_keys) ++ Enum.zip(keys, tensors))
+      keys = Keyword.get(opts, :tensor_keys, Enum.take(@layer_tensor_keys, length(tensors)))
+      {dropout_key, tensor_opts} = keys |> Enum.zip(tensors) |> Keyword.pop(:dropout_key)
+      rate = opts[:dropout_rate] || 0.0
+      attention_opts = Keyword.take(opts, @attention_keys) ++ tensor_opts
+
+      cond do
+        # Inference (Axon's default mode): no dropout, the key is not read.
+        opts[:mode] != :train or rate == 0 or dropout_key == nil ->
+          ExlaRs.Attention.attention(q, k, v, attention_opts)
+
+        # Axon.Layers.dropout's convention: split, draw with one half, keep the other.
+        opts[:dropout_state] ->
+          keys = Nx.Random.split(dropout_key)
+          dropout = [dropout_rate: rate, dropout_key: keys[1]]
+          out = ExlaRs.Attention.attention(q, k, v, attention_opts ++ dropout)
+          stateful(out, keys[0])
+
+        true ->
+          ExlaRs.Attention.attention(q, k, v, attention_opts ++ [dropout_rate: rate, dropout_key: dropout_key])
+      end
+    end
+
+    if Code.ensure_loaded?(Axon.StatefulOutput) do
+      defp stateful(out, key), do: %Axon.StatefulOutput{output: out, state: %{"key" => key}}
+    else
+      # The layer functions need no Axon; without it there is no state to return.
+      defp stateful(out, _key), do: out
     end
 
     @doc """

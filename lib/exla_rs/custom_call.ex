@@ -15,12 +15,14 @@ defmodule ExlaRs.CustomCall do
       registered with XLA (`ensure_registered/1`, before each lowering) and
       returns the custom call: our target name and the attributes `scale`,
       `softcap` (`f32`), `window_left`, `window_right` (`i64`) as typed MLIR
-      attribute text, plus `has_key_mask`, `has_bias`, `has_alibi` and (backward)
-      `bias_grad` as `"true"` for each one that is set (an absent one is false,
-      so a call without optional operands is the contract's original call);
+      attribute text, plus `has_key_mask`, `has_bias`, `has_alibi`, `has_dropout`
+      and (backward) `bias_grad` as `"true"` for each one that is set (an absent
+      one is false, so a call without optional operands is the contract's
+      original call), and `dropout_rate` (`f32`) with `has_dropout`;
     * otherwise (another platform, `f64`, a head dim the kernels lack, an
-      optional feature the platform lacks, such as any of them on CUDA today, a
-      workspace mismatch, registration failing) it returns `:skip`, and EXLA
+      optional feature the platform lacks, such as any of them on CUDA today and
+      dropout on every platform today, a workspace mismatch, registration
+      failing) it returns `:skip`, and EXLA
       compiles the block's default function, the Nx fallback, which computes the
       same function.
 
@@ -29,7 +31,12 @@ defmodule ExlaRs.CustomCall do
   The optional operands follow the required ones in the contract's fixed order,
   each present exactly when its presence field of the tag is true:
   `key_mask` (`has_key_mask`), `bias` (`has_bias`), `alibi_slopes`
-  (`has_alibi`). `optional_operands/1` is that order.
+  (`has_alibi`), `dropout_key` (`has_dropout`, with the `dropout_rate`
+  attribute). `optional_operands/1` is that order.
+
+  No platform runs dropout yet: a call with a `dropout_key` needs the contract's
+  `dropout` feature, which `features/1` reports for no platform today, so it is
+  always `:skip`ped to the Nx fallback (which draws the contract's Philox mask).
 
   ## The workspace
 
@@ -49,12 +56,13 @@ defmodule ExlaRs.CustomCall do
 
   @fwd_target "exla_rs_flash_attn_fwd"
   # The contract's optional operands in their fixed order, with the tag field saying each is present.
-  @optional_operands [key_mask: :has_key_mask, bias: :has_bias, alibi_slopes: :has_alibi]
+  @optional_operands [key_mask: :has_key_mask, bias: :has_bias, alibi_slopes: :has_alibi, dropout_key: :has_dropout]
   # The presence attributes as the contract names them, with the tag fields they reflect.
   @presence_attributes [
     {"has_key_mask", :has_key_mask},
     {"has_bias", :has_bias},
     {"has_alibi", :has_alibi},
+    {"has_dropout", :has_dropout},
     {"bias_grad", :bias_grad}
   ]
   @bwd_target "exla_rs_flash_attn_bwd"
@@ -93,34 +101,39 @@ defmodule ExlaRs.CustomCall do
       {"softcap", f32(softcap)},
       {"window_left", "#{left} : i64"},
       {"window_right", "#{right} : i64"}
-    ] ++ for({name, field} <- @presence_attributes, Map.get(tag, field, false), do: {name, "true"})
+    ] ++
+      for({name, field} <- @presence_attributes, Map.get(tag, field, false), do: {name, "true"}) ++
+      if(Map.get(tag, :has_dropout, false), do: [{"dropout_rate", f32(tag.dropout_rate)}], else: [])
   end
 
   @doc """
   The optional operands `tag` says are present, in the contract's fixed order:
-  a sublist of `[:key_mask, :bias, :alibi_slopes]`.
+  a sublist of `[:key_mask, :bias, :alibi_slopes, :dropout_key]`.
   """
   def optional_operands(tag), do: for({name, field} <- @optional_operands, Map.fetch!(tag, field), do: name)
 
   @doc """
   The tag fields that say which optional operands are present, for the given
-  operand names: `[has_key_mask: boolean, has_bias: boolean, has_alibi: boolean]`.
+  operand names: `[has_key_mask: boolean, has_bias: boolean, has_alibi: boolean,
+  has_dropout: boolean]`.
   """
   def presence_fields(names), do: for({name, field} <- @optional_operands, do: {field, name in names})
 
   @doc """
   The optional operands of a block's input list (everything after its required
-  operands), by name: `%{key_mask: t, bias: t, alibi_slopes: t}` with only the
-  present ones.
+  operands), by name: `%{key_mask: t, bias: t, alibi_slopes: t, dropout_key: t}`
+  with only the present ones.
   """
   def optional_map(tag, optional), do: tag |> optional_operands() |> Enum.zip(optional) |> Map.new()
 
   @doc """
   The optional features a call of `tag` uses, named as `ExlaRs.NIF.feature_bits/0`
-  names them: its optional operands, and `:bias_grad` when it returns `dbias`.
+  names them: its optional operands (`:dropout` for the `dropout_key`, the name the
+  contract reserves for its bit), and `:bias_grad` when it returns `dbias`.
   """
   def required_features(tag) do
-    optional_operands(tag) ++ if(Map.get(tag, :bias_grad, false), do: [:bias_grad], else: [])
+    features = Enum.map(optional_operands(tag), fn name -> if name == :dropout_key, do: :dropout, else: name end)
+    features ++ if(Map.get(tag, :bias_grad, false), do: [:bias_grad], else: [])
   end
 
   @doc """
@@ -355,6 +368,7 @@ defmodule ExlaRs.CustomCall do
 
   defp optional_ok?(:key_mask, {type, shape}, [b, _sq, sk | _]), do: type in @mask_types and shape == {b, sk}
   defp optional_ok?(:alibi_slopes, {type, shape}, [_b, _sq, _sk, h | _]), do: type == {:f, 32} and shape == {h}
+  defp optional_ok?(:dropout_key, {type, shape}, _dims), do: type == {:u, 32} and shape == {2}
 
   defp optional_ok?(:bias, {type, {_, _, _, _} = shape}, [b, sq, sk, h | _]) do
     type in [{:f, 32}, {:f, 16}, {:bf, 16}] and

@@ -21,6 +21,7 @@ unless Code.ensure_loaded?(ExlaRs.NxTest.Reference) do
     def config(q, k, opts) do
       {b, sq, _h, d} = Nx.shape(q)
       {_, sk, _hkv, _} = Nx.shape(k)
+      opts = Keyword.put(opts, :dropout_sk, sk)
       causal = Keyword.get(opts, :causal, false)
       {left, right} = Keyword.get(opts, :window_size, {-1, -1})
       right = if causal, do: 0, else: right
@@ -35,8 +36,49 @@ unless Code.ensure_loaded?(ExlaRs.NxTest.Reference) do
         key_mask: opts[:key_mask] && Nx.to_list(opts[:key_mask]),
         bias: opts[:bias] && opts[:bias] |> Nx.as_type(:f64) |> Nx.to_list(),
         bias_shape: opts[:bias] && Nx.shape(opts[:bias]),
-        slopes: opts[:alibi_slopes] && opts[:alibi_slopes] |> Nx.as_type(:f32) |> Nx.to_flat_list()
+        slopes: opts[:alibi_slopes] && opts[:alibi_slopes] |> Nx.as_type(:f32) |> Nx.to_flat_list(),
+        dropout: dropout(q, opts)
       }
+    end
+
+    @doc """
+    The dropout mask as the library applies it, observed through the library itself
+    (not computed by it): with queries all zero and `v` the identity over keys
+    (head dim = Sk), every visible key gets weight 1/Sk, so
+    `o[b, i, h, j] = M[b, h, i, j] / ((1 - rate) * Sk)`. Returns the f64 keep mask
+    `{B, H, Sq, Sk}` (1.0 kept, 0.0 dropped), asserting each observed value is
+    within 0.03 of 0 or 1 (bf16's rounding). `kv_heads` only changes how v is laid out: the mask
+    is per query head.
+    """
+    def observe_mask(key, rate, {b, h, sq, sk}, kv_heads \\ nil, type \\ {:f, 32}) do
+      hkv = kv_heads || h
+      q = Nx.broadcast(Nx.tensor(0, type: type), {b, sq, h, sk})
+      eye = Nx.eye(sk, type: type) |> Nx.reshape({1, sk, 1, sk})
+      v = Nx.broadcast(eye, {b, sk, hkv, sk})
+      o = ExlaRs.attention(q, v, v, dropout_rate: rate, dropout_key: key)
+      <<r::float-32>> = <<rate / 1::float-32>>
+      m = o |> Nx.as_type(:f64) |> Nx.multiply((1 - r) * sk) |> Nx.transpose(axes: [0, 2, 1, 3])
+      rounded = Nx.round(m)
+      worst = m |> Nx.subtract(rounded) |> Nx.abs() |> Nx.reduce_max() |> Nx.to_number()
+      # bf16 rounds 1/((1 - rate) * Sk) to 8 bits: allow a few percent, far from 0.5.
+      if worst >= 0.03, do: ExUnit.Assertions.flunk("observed mask entries off 0/1 by #{worst}")
+      not_01 = rounded |> Nx.multiply(Nx.subtract(rounded, 1)) |> Nx.any() |> Nx.to_number()
+      if not_01 == 1, do: ExUnit.Assertions.flunk("observed mask entries other than 0 and 1: #{inspect(rounded)}")
+      rounded
+    end
+
+    # {observed f64 mask {B, H, Sq, Sk}, 1 / (1 - rate)} when opts ask for dropout.
+    defp dropout(q, opts) do
+      case {opts[:dropout_rate], opts[:dropout_key]} do
+        {rate, key} when is_number(rate) and rate > 0 ->
+          {b, sq, h, _d} = Nx.shape(q)
+          sk = opts[:dropout_sk] || raise "config/3 with dropout needs :dropout_sk (the key length)"
+          <<r::float-32>> = <<rate / 1::float-32>>
+          {observe_mask(key, rate, {b, h, sq, sk}), 1 / (1 - r)}
+
+        _ ->
+          nil
+      end
     end
 
     defp rows(nil, b, default), do: List.duplicate(default, b)
@@ -161,7 +203,10 @@ unless Code.ensure_loaded?(ExlaRs.NxTest.Reference) do
       l = Nx.sum(e, axes: [3], keep_axes: true)
       any = Nx.greater(l, 0)
       l1 = Nx.select(any, l, 1.0)
-      o = Nx.dot(Nx.divide(e, l1), [3], [0, 1], v, [2], [0, 1]) |> Nx.transpose(axes: [0, 2, 1, 3])
+      p = Nx.divide(e, l1)
+      # Dropout (c.dropout = {mask, 1 / (1 - rate)}): only o sees the mask, lse does not.
+      p = if c[:dropout], do: p |> Nx.multiply(elem(c.dropout, 0)) |> Nx.multiply(elem(c.dropout, 1)), else: p
+      o = Nx.dot(p, [3], [0, 1], v, [2], [0, 1]) |> Nx.transpose(axes: [0, 2, 1, 3])
       lse = Nx.select(any, Nx.add(Nx.log(l1), m), 0.0) |> Nx.squeeze(axes: [3])
       {o, lse}
     end

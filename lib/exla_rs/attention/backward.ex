@@ -9,10 +9,11 @@ defmodule ExlaRs.Attention.Backward do
   is true, then the `u8` workspace when `workspace > 0`
   (`ExlaRs.CustomCall.block_results/3` is that layout). With EXLA it lowers to the
   `exla_rs_flash_attn_bwd` custom call; everywhere else its default function,
-  `ExlaRs.Attention.Fallback.backward/9` (to `/12`), computes the same gradients
+  `ExlaRs.Attention.Fallback.backward/9` (to `/13`), computes the same gradients
   in plain Nx.
 
-  The fields mean what they mean in `ExlaRs.Attention.Forward`, plus:
+  The fields mean what they mean in `ExlaRs.Attention.Forward` (with dropout the
+  backward regenerates the forward's mask from the same key), plus:
 
     * `:bias_grad` - whether the block returns `dbias` (requires `has_bias`)
   """
@@ -26,6 +27,8 @@ defmodule ExlaRs.Attention.Backward do
     has_key_mask: false,
     has_bias: false,
     has_alibi: false,
+    has_dropout: false,
+    dropout_rate: 0.0,
     bias_grad: false,
     workspace: 0
   ]
@@ -38,6 +41,8 @@ defmodule ExlaRs.Attention.Backward do
           has_key_mask: boolean,
           has_bias: boolean,
           has_alibi: boolean,
+          has_dropout: boolean,
+          dropout_rate: float,
           bias_grad: boolean,
           workspace: non_neg_integer
         }

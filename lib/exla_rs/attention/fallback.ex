@@ -14,18 +14,24 @@ defmodule ExlaRs.Attention.Fallback do
     visible key (or whose visible scores are all `-inf`, from a `-inf` bias)
     yields `lse = -inf` and `o = 0`, never NaN, and no gradient.
 
-    The block's optional operands (`key_mask`, `bias`, `alibi_slopes`, those the
-    tag says are present, in that order) come after the required ones, so the
-    default functions have one arity per number of optional operands:
-    `forward/6` to `forward/9`, `backward/9` to `backward/12`.
+    The block's optional operands (`key_mask`, `bias`, `alibi_slopes`,
+    `dropout_key`, those the tag says are present, in that order) come after the
+    required ones, so the default functions have one arity per number of optional
+    operands: `forward/6` to `forward/10`, `backward/9` to `backward/13`.
+
+    With dropout (`has_dropout`), the keep mask `M` is drawn by
+    `ExlaRs.Attention.Philox` from the `dropout_key` operand, the contract's
+    Philox4x32-10 function of the key and `(b, h, i, j)`; the forward computes
+    `(P ⊙ M / (1 - rate)) · v` with `P` and `lse` unchanged, and the backward
+    regenerates `M` and returns the gradients of that function.
 
     Every function here takes already validated arguments (see `ExlaRs.Attention`).
     """
 
-    alias ExlaRs.Attention.{Backward, Forward}
+    alias ExlaRs.Attention.{Backward, Forward, Philox}
 
     # The default functions, one arity per number of optional operands.
-    for n <- 0..3 do
+    for n <- 0..4 do
       optional = Macro.generate_arguments(n, __MODULE__)
 
       if n == 0 do
@@ -34,7 +40,7 @@ defmodule ExlaRs.Attention.Fallback do
 
         `q` is `[B, Sq, H, D]`, `k` and `v` are `[B, Sk, Hkv, D]`, `kv_len` and
         `q_start` are `s32[B]`, then the optional operands the tag announces
-        (`forward/7` to `forward/9`). `o` is `[B, Sq, H, D]` in the type of `q`,
+        (`forward/7` to `forward/10`). `o` is `[B, Sq, H, D]` in the type of `q`,
         `lse` is `f32[B, H, Sq]` (`f64` for `f64` inputs).
         """
       else
@@ -51,7 +57,7 @@ defmodule ExlaRs.Attention.Fallback do
         is set (plus a zero `u8` workspace when the tag has one): the gradients of
         `sum(o * do)` with respect to `q`, `k`, `v` and the bias, given the
         forward's own `o` and `lse`, and the forward's optional operands after `do`
-        (`backward/10` to `backward/12`).
+        (`backward/10` to `backward/13`).
         """
       else
         @doc false
@@ -83,8 +89,10 @@ defmodule ExlaRs.Attention.Fallback do
       lse = Nx.add(Nx.log(l), row_max)
 
       vf = heads_first(v, acc)
+      # Dropout after the normaliser: l (and lse) are the softmax's, only o sees M.
+      p_out = dropout(tag, p, optional[:dropout_key], acc)
       # p [B, Hkv, G, Sq, Sk] . v [B, Hkv, Sk, D] -> [B, Hkv, G, Sq, D]
-      o = Nx.dot(p, [4], [0, 1], vf, [2], [0, 1])
+      o = Nx.dot(p_out, [4], [0, 1], vf, [2], [0, 1])
       o = Nx.divide(o, Nx.select(Nx.greater(l, 0), l, Nx.tensor(1, type: acc)))
 
       o =
@@ -117,10 +125,13 @@ defmodule ExlaRs.Attention.Fallback do
       of = groups_first(o, hkv, acc)
       vf = heads_first(v, acc)
 
+      # With dropout, o = (p * M * scale) . v: the same mask (regenerated from the
+      # key) weighs dv and the do . v term; delta = rowsum(do * o) already holds it.
+      key = optional[:dropout_key]
       # p [B, Hkv, G, Sq, Sk] x do [B, Hkv, G, Sq, D] over (G, Sq) -> [B, Hkv, Sk, D]
-      dv = Nx.dot(p, [2, 3], [0, 1], dof, [2, 3], [0, 1]) |> Nx.transpose(axes: [0, 2, 1, 3])
+      dv = Nx.dot(dropout(tag, p, key, acc), [2, 3], [0, 1], dof, [2, 3], [0, 1]) |> Nx.transpose(axes: [0, 2, 1, 3])
       # do [B, Hkv, G, Sq, D] . v [B, Hkv, Sk, D] -> [B, Hkv, G, Sq, Sk]
-      dp = Nx.dot(dof, [4], [0, 1], vf, [3], [0, 1])
+      dp = dropout(tag, Nx.dot(dof, [4], [0, 1], vf, [3], [0, 1]), key, acc)
       # delta = rowsum(do * o): [B, Hkv, G, Sq, 1]
       delta = Nx.multiply(dof, of) |> Nx.sum(axes: [4], keep_axes: true)
       # ds = p * (dp - delta), the gradient with respect to the final score z (the
@@ -150,6 +161,16 @@ defmodule ExlaRs.Attention.Fallback do
       dbias = if tag.bias_grad, do: bias_grad(ds, optional.bias)
 
       with_workspace(tag, [Nx.as_type(dq, Nx.type(q)), Nx.as_type(dk, Nx.type(k)), Nx.as_type(dv, Nx.type(v)), dbias])
+    end
+
+    # t * M / (1 - rate) for t [B, Hkv, G, Sq, Sk], M the contract's keep mask of
+    # the query heads h = hkv * G + g; t itself without dropout (no generator).
+    defp dropout(%{has_dropout: false}, t, nil, _acc), do: t
+
+    defp dropout(%{has_dropout: true, dropout_rate: rate}, t, key, acc) do
+      {b, hkv, g, sq, sk} = shape = Nx.shape(t)
+      keep = key |> Philox.keep(rate, {b, hkv * g, sq, sk}) |> Nx.reshape(shape)
+      Nx.select(keep, Nx.multiply(t, Nx.tensor(Philox.keep_scale(rate, acc), type: acc)), Nx.tensor(0, type: acc))
     end
 
     # dbias[bb, hb, ib, jb] = the sum of ds over every (b, h, i, j) reading that
