@@ -90,7 +90,7 @@ defmodule ExlaRs.Attention.Fallback do
 
       vf = heads_first(v, acc)
       # Dropout after the normaliser: l (and lse) are the softmax's, only o sees M.
-      p_out = dropout(tag, p, optional[:dropout_key], acc)
+      p_out = tag |> dropout(optional[:dropout_key], Nx.shape(p), acc) |> apply_dropout(p)
       # p [B, Hkv, G, Sq, Sk] . v [B, Hkv, Sk, D] -> [B, Hkv, G, Sq, D]
       o = Nx.dot(p_out, [4], [0, 1], vf, [2], [0, 1])
       o = Nx.divide(o, Nx.select(Nx.greater(l, 0), l, Nx.tensor(1, type: acc)))
@@ -127,11 +127,12 @@ defmodule ExlaRs.Attention.Fallback do
 
       # With dropout, o = (p * M * scale) . v: the same mask (regenerated from the
       # key) weighs dv and the do . v term; delta = rowsum(do * o) already holds it.
-      key = optional[:dropout_key]
+      # The mask is drawn once and serves both.
+      drop = dropout(tag, optional[:dropout_key], Nx.shape(p), acc)
       # p [B, Hkv, G, Sq, Sk] x do [B, Hkv, G, Sq, D] over (G, Sq) -> [B, Hkv, Sk, D]
-      dv = Nx.dot(dropout(tag, p, key, acc), [2, 3], [0, 1], dof, [2, 3], [0, 1]) |> Nx.transpose(axes: [0, 2, 1, 3])
+      dv = Nx.dot(apply_dropout(drop, p), [2, 3], [0, 1], dof, [2, 3], [0, 1]) |> Nx.transpose(axes: [0, 2, 1, 3])
       # do [B, Hkv, G, Sq, D] . v [B, Hkv, Sk, D] -> [B, Hkv, G, Sq, Sk]
-      dp = dropout(tag, Nx.dot(dof, [4], [0, 1], vf, [3], [0, 1]), key, acc)
+      dp = apply_dropout(drop, Nx.dot(dof, [4], [0, 1], vf, [3], [0, 1]))
       # delta = rowsum(do * o): [B, Hkv, G, Sq, 1]
       delta = Nx.multiply(dof, of) |> Nx.sum(axes: [4], keep_axes: true)
       # ds = p * (dp - delta), the gradient with respect to the final score z (the
@@ -163,15 +164,19 @@ defmodule ExlaRs.Attention.Fallback do
       with_workspace(tag, [Nx.as_type(dq, Nx.type(q)), Nx.as_type(dk, Nx.type(k)), Nx.as_type(dv, Nx.type(v)), dbias])
     end
 
-    # t * M / (1 - rate) for t [B, Hkv, G, Sq, Sk], M the contract's keep mask of
-    # the query heads h = hkv * G + g; t itself without dropout (no generator).
-    defp dropout(%{has_dropout: false}, t, nil, _acc), do: t
+    # {keep, 1 / (1 - rate)} for scores of `shape` [B, Hkv, G, Sq, Sk]: keep is the
+    # contract's mask of the query heads h = hkv * G + g. nil without dropout: no
+    # generator is traced at all.
+    defp dropout(%{has_dropout: false}, nil, _shape, _acc), do: nil
 
-    defp dropout(%{has_dropout: true, dropout_rate: rate}, t, key, acc) do
-      {b, hkv, g, sq, sk} = shape = Nx.shape(t)
+    defp dropout(%{has_dropout: true, dropout_rate: rate}, key, {b, hkv, g, sq, sk} = shape, acc) do
       keep = key |> Philox.keep(rate, {b, hkv * g, sq, sk}) |> Nx.reshape(shape)
-      Nx.select(keep, Nx.multiply(t, Nx.tensor(Philox.keep_scale(rate, acc), type: acc)), Nx.tensor(0, type: acc))
+      {keep, Nx.tensor(Philox.keep_scale(rate, acc), type: acc)}
     end
+
+    # t * M / (1 - rate); a dropped entry is 0 whatever t holds.
+    defp apply_dropout(nil, t), do: t
+    defp apply_dropout({keep, scale}, t), do: Nx.select(keep, Nx.multiply(t, scale), Nx.tensor(0, type: Nx.type(t)))
 
     # dbias[bb, hb, ib, jb] = the sum of ds over every (b, h, i, j) reading that
     # entry: ds summed over the bias's broadcast (size-1) dimensions, rounded once
