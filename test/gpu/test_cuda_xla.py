@@ -191,3 +191,76 @@ def test_workspace_matches_the_layout():
     assert ex.workspace_bytes(0, "cuda", jnp.bfloat16, b, sq, sk, h, hkv, d) == 0
     assert ex.workspace_bytes(1, "cuda", jnp.bfloat16, b, sq, sk, h, hkv, d) == delta + b * sq * h * d * 4
     assert ex.workspace_bytes(1, "cuda", np.float32, b, sq, sk, h, hkv, d) == delta
+
+
+# Issue 13, part 1: non-finite values no row may see, and windows near i64::MAX. The poisoned call
+# is compared with the same call on poison-free inputs (poison -> 0) on every output a row or key
+# that does not see the poison produces; kernels/emulate.py checks the same cases lane by lane.
+NONFINITE = [
+    # (name, B, Sq, Sk, H, Hkv, D, wl, wr, kv_len, q_start, k/v poison (tensor, b, key, kv head, col, value), dead rows (b, i))
+    ("window_kv", 1, 200, 200, 2, 1, 64, 7, 0, [200], [0],
+     [("k", 0, 3, 0, 5, np.inf), ("v", 0, 5, 0, 3, np.nan), ("v", 0, 130, 0, 10, -np.inf), ("k", 0, 199, 0, 0, np.nan)], []),
+    ("kv_cache_garbage", 2, 40, 300, 4, 2, 128, -1, 0, [300, 300], [100, 60],
+     [("k", 0, 250, 1, 0, np.nan), ("v", 0, 141, 0, 9, np.inf), ("v", 1, 200, 1, 1, np.nan), ("k", 1, 101, 0, 7, -np.inf)], []),
+    ("dead_rows_d256", 2, 70, 60, 2, 1, 256, -1, 0, [60, 0], [-20, 0], [("v", 0, 59, 0, 2, np.nan)],
+     [(0, i) for i in range(20)] + [(1, i) for i in range(70)]),
+    ("dead_rows_d32", 1, 90, 90, 4, 4, 32, 3, 0, [90], [-10], [], [(0, i) for i in range(10)]),
+]
+
+
+@pytest.mark.parametrize("dt", ["bf16", "f16", "f32"])
+@pytest.mark.parametrize("cfg", NONFINITE, ids=[c[0] for c in NONFINITE])
+def test_no_nan_from_hidden_nonfinite_values_or_dead_rows(cfg, dt):
+    name, b, sq, sk, h, hkv, d, wl, wr, kv_len, q_start, kvp, dead = cfg
+    if d not in CUDA_DIMS:
+        pytest.skip(f"no kernel for D={d}")
+    sd = seed()
+    rng = np.random.default_rng(sd)
+    dtype = DTYPES[dt]
+    q, k, v, do = (rng.standard_normal(s).astype(np.float32).astype(dtype) for s in [(b, sq, h, d), (b, sk, hkv, d), (b, sk, hkv, d), (b, sq, h, d)])
+    kv, qs = np.array(kv_len, np.int32), np.array(q_start, np.int32)
+    kw = dict(scale=1 / np.sqrt(d), window_left=wl, window_right=wr)
+    clean = [x.copy() for x in (q, k, v, do)]
+    pq, pk, pv, pdo = (x.copy() for x in (q, k, v, do))
+    for t, bb, j, hh, c, val in kvp:
+        (pk if t == "k" else pv)[bb, j, hh, c] = val
+    for bb, i in dead:
+        pq[bb, i] = np.nan
+        pdo[bb, i] = np.nan
+
+    def run(q, k, v, do):
+        q, k, v, kvg, qsg, do = on_gpu(q, k, v, kv, qs, do)
+        o, lse = ex.flash_attn_fwd(q, k, v, kvg, qsg, platform=PLATFORM, **kw)
+        grads = ex.flash_attn_bwd(q, k, v, kvg, qsg, o, lse, do, platform=PLATFORM, **kw)
+        return [np.asarray(x).astype(np.float32) for x in (o, lse, *grads)]
+
+    got, want = run(pq, pk, pv, pdo), run(*clean)
+    vis = ex.visible_mask(b, sq, sk, kv, qs, wl, wr)  # [B, Sq, Sk]
+    bad = np.zeros((b, sk, hkv), bool)
+    for t, bb, j, hh, c, val in kvp:
+        bad[bb, j, hh] = True
+    g = h // hkv
+    dirty = np.einsum("bij,bjh->bih", vis.astype(np.int64), bad.astype(np.int64)).repeat(g, 2) > 0  # [B, Sq, H]
+    seen = np.einsum("bij,bih->bjh", vis.astype(np.int64), dirty.reshape(b, sq, hkv, g).any(3).astype(np.int64)) > 0
+    ok_q, ok_k = ~dirty, ~seen
+    ctx = f"{name} {dt} seed={sd}"
+    for what, gx, wx, m in [("o", got[0], want[0], ok_q), ("dq", got[2], want[2], ok_q), ("dk", got[3], want[3], ok_k), ("dv", got[4], want[4], ok_k)]:
+        gx, wx = gx[m], wx[m]
+        assert np.isfinite(gx).all(), f"{what}: non-finite on a row/key that sees no poison ({ctx})"
+        assert rel_err(gx, wx) <= TOL[dt], f"{what}: rel err {rel_err(gx, wx):.2e} ({ctx})"
+    lse_ok = ok_q.transpose(0, 2, 1)
+    assert np.array_equal(got[1][lse_ok], want[1][lse_ok]) or np.allclose(got[1][lse_ok], want[1][lse_ok], atol=1e-5), ctx
+
+
+@pytest.mark.parametrize("wl,wr", [(2**63 - 1, 2**63 - 1), (2**63 - 1, 0), (3, 2**63 - 2)])
+def test_windows_near_i64_max_are_unbounded(wl, wr):
+    rng = np.random.default_rng(seed())
+    b, sq, sk, h, d = 2, 70, 90, 2, 64
+    q, k, v = (rng.standard_normal(s).astype(np.float32).astype(DTYPES["bf16"]) for s in [(b, sq, h, d), (b, sk, 1, d), (b, sk, 1, d)])
+    kv, qs = np.array([90, 50], np.int32), np.array([-(2**31), 2**31 - 80], np.int32)
+    unb = lambda w: -1 if w >= 2**40 else w
+    q_, k_, v_, kvg, qsg = on_gpu(q, k, v, kv, qs)
+    got = ex.flash_attn_fwd(q_, k_, v_, kvg, qsg, scale=0.125, window_left=wl, window_right=wr, platform=PLATFORM)
+    want = ex.flash_attn_fwd(q_, k_, v_, kvg, qsg, scale=0.125, window_left=unb(wl), window_right=unb(wr), platform=PLATFORM)
+    for g_, w_ in zip(got, want):
+        assert np.array_equal(np.asarray(g_).astype(np.float32), np.asarray(w_).astype(np.float32))
