@@ -12,7 +12,7 @@ use std::sync::Mutex;
 
 use rayon::prelude::*;
 
-use super::extra::Prep;
+use super::extra::{prefetch_span, Prep};
 use super::forward::{BC, BR};
 use super::kernels::{Gemm, Isa, LOG2_E, PAD};
 use super::{round_up, BwdInputs, BwdOutputs, HostElement, SyncPtr};
@@ -67,7 +67,8 @@ fn run_impl<T: HostElement, K: Isa, const EXT: bool>(shape: &AttnShape, opts: &A
     let dbias_ptr: Option<*mut f32> = match dbias.as_mut() {
         None => None,
         Some(BiasGrad::F32(x)) => {
-            x.fill(0.0);
+            // In parallel: a full bias is S²·H floats, and this is its first touch.
+            x.par_chunks_mut(1 << 16).for_each(|c| c.fill(0.0));
             Some(x.as_mut_ptr())
         }
         Some(g) => {
@@ -201,6 +202,13 @@ fn run_impl<T: HostElement, K: Isa, const EXT: bool>(shape: &AttnShape, opts: &A
                         continue;
                     }
                     let row0 = bhq * sq + i0;
+                    if EXT {
+                        // The tile's bias rows (and dbias rows) load while the GEMMs run.
+                        prep.prefetch_bias(b, hq, i0, rows, j0);
+                        if let Some(acc) = acc {
+                            prefetch_dbias(acc, b, hq, i0, rows, j0, cols);
+                        }
+                    }
                     scr.ranges.clear();
                     scr.ranges.extend((0..rows).map(|r| KeyRange::for_row(opts, sk, kvl, qst, i0 + r)));
                     let qblk = &qs[row0 * dp..(row0 + rows) * dp];
@@ -343,6 +351,22 @@ fn add_dbias(acc: &BiasAcc, dz: &[f32], b: usize, hq: usize, qb: usize, kb: usiz
                 *acc.ptr.get().add(row) += src.iter().sum::<f32>();
             }
         }
+    }
+}
+
+/// The dbias rows [`add_dbias`] will update for this tile, requested ahead (see
+/// [`Prep::prefetch_bias`]).
+#[allow(clippy::too_many_arguments)]
+fn prefetch_dbias(acc: &BiasAcc, b: usize, hq: usize, i0: usize, rows: usize, j0: usize, cols: usize) {
+    let [bb, hb, sqb, skb] = acc.dims;
+    if !acc.k_full {
+        return;
+    }
+    let bh = (if bb == 1 { 0 } else { b }) * hb + if hb == 1 { 0 } else { hq };
+    let nrows = if acc.q_full { rows } else { 1 };
+    for r in 0..nrows {
+        let row = bh * sqb * skb + if acc.q_full { (i0 + r) * skb } else { 0 };
+        prefetch_span(acc.ptr.get() as *const u8, (row + j0) * 4, cols * 4);
     }
 }
 

@@ -49,6 +49,32 @@ impl<'a> Prep<'a> {
         !self.key_mask || self.tile_any[b * self.ntk + tile]
     }
 
+    /// Asks the caches for the bias rows a tile will read (rows `i0..i0 + rows` of batch `b`,
+    /// head `hq`, keys `j0..j0 + BC`). Called before the tile's GEMMs, so the loads overlap with
+    /// them: a tile reads 64 rows one bias row (`Sk` floats) apart, a pattern the hardware
+    /// prefetchers do not follow, and without this the row loop waits on memory latency.
+    #[inline]
+    pub(crate) fn prefetch_bias(&self, b: usize, hq: usize, i0: usize, rows: usize, j0: usize) {
+        let Some(bias) = &self.bias else { return };
+        let [bb, hb, sqb, skb] = bias.dims;
+        if skb != self.sk {
+            return; // a broadcast row is a single value: nothing worth prefetching
+        }
+        let (ptr, size) = match bias.data {
+            BiasData::F32(x) => (x.as_ptr() as *const u8, 4),
+            BiasData::F16(x) => (x.as_ptr() as *const u8, 2),
+            BiasData::BF16(x) => (x.as_ptr() as *const u8, 2),
+        };
+        let base = (if bb == 1 { 0 } else { b }) * hb + if hb == 1 { 0 } else { hq };
+        let nrows = if sqb == 1 { 1 } else { rows };
+        let cols = BC.min(self.sk - j0);
+        for r in 0..nrows {
+            let row = base * sqb + if sqb == 1 { 0 } else { i0 + r };
+            let start = (row * skb + j0) * size;
+            prefetch_span(ptr, start, cols * size);
+        }
+    }
+
     /// `-slope[h]·log2(e)`: the ALiBi multiplier in the kernels' exp2 units (0 without ALiBi).
     #[inline]
     pub(crate) fn alibi2(&self, hq: usize) -> f32 {
@@ -104,4 +130,23 @@ fn fill<E: HostElement>(buf: &mut [f32], x: &[E], off: usize, per_key: bool, j0:
         }
     }
     buf.as_ptr()
+}
+
+/// Prefetches bytes `[start, start + len)` of the allocation at `base` into L2, one request per
+/// cache line. A hint only: never faults, and a no-op off x86-64.
+#[inline]
+pub(crate) fn prefetch_span(base: *const u8, start: usize, len: usize) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T1};
+        let mut off = start & !63;
+        while off < start + len {
+            // SAFETY: prefetch never dereferences; `wrapping_add` keeps the pointer arithmetic
+            // defined even at the span's end.
+            unsafe { _mm_prefetch::<_MM_HINT_T1>(base.wrapping_add(off) as *const i8) };
+            off += 64;
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (base, start, len);
 }

@@ -134,6 +134,9 @@ fn run_impl<T: HostElement, K: Isa, const EXT: bool>(shape: &AttnShape, opts: &A
                         // key_mask hides every key of this tile from this batch row.
                         continue;
                     }
+                    if EXT {
+                        prep.prefetch_bias(b, hq, i0, rows, tile * BC);
+                    }
                     step::<K, EXT>(scr, opts, rows, d, dp, tile, sk, kt, vp, &ctx);
                 }
             }
