@@ -64,7 +64,7 @@ defmodule ExlaRs.DropoutTest do
       assert Nx.to_list(out) == Enum.map(kat, &elem(&1, 2))
     end
 
-    test "draws and thresholds match the table shared with Rust and numpy" do
+    test "draws, thresholds and keep scales match the table shared with Rust and numpy" do
       lines = @vectors |> File.read!() |> String.split("\n", trim: true) |> Enum.reject(&String.starts_with?(&1, "#"))
       hex = &String.to_integer(&1, 16)
 
@@ -88,6 +88,15 @@ defmodule ExlaRs.DropoutTest do
       for [bits, t] <- thresholds do
         <<rate::float-32>> = <<bits::32>>
         assert Philox.threshold(rate) == t, "rate #{rate}"
+      end
+
+      # 1 / (1 - rate) as f32 arithmetic gives it (numpy float32 wrote the table).
+      scales = for "scale " <> rest <- lines, do: rest |> String.split() |> Enum.map(hex)
+      assert length(scales) >= 10
+
+      for [bits, scale_bits] <- scales do
+        <<rate::float-32>> = <<bits::32>>
+        assert <<Philox.keep_scale(rate, {:f, 32})::float-32>> == <<scale_bits::32>>, "rate #{rate}"
       end
     end
 

@@ -57,6 +57,12 @@ def threshold(rate):
     return int(np.floor(np.float64(np.float32(rate)) * 2.0**32))
 
 
+def keep_scale(rate):
+    """1 / (1 - rate) in f32 arithmetic from the f32 rate: the factor kept entries get."""
+    one = np.float32(1)
+    return one / (one - np.float32(rate))
+
+
 def keep(key, rate, b, h, i, j):
     """True where entry (b, h, i, j) is kept: draw >= threshold(rate)."""
     return dropout_draw(key, b, h, i, j) >= np.uint32(threshold(rate)) if rate > 0 else np.ones(np.broadcast(b, h, i, j).shape, bool)
@@ -86,6 +92,7 @@ def table_lines():
         "# tests/philox_vectors.rs and test/nx/dropout_test.exs.",
         "# draw key0 key1 b h i j value: the u32 draw of mask entry (b, h, i, j), all hex",
         "# threshold rate_f32_bits threshold: floor(rate * 2^32) of the f32 rate, all hex",
+        "# scale rate_f32_bits scale_f32_bits: 1 / (1 - rate) in f32 arithmetic, all hex",
     ]
     for k0, k1 in KEYS:
         for b in BS:
@@ -97,6 +104,9 @@ def table_lines():
     for rate in RATES:
         bits = int(np.float32(rate).view(np.uint32))
         lines.append(f"threshold {bits:08x} {threshold(rate):x}")
+    for rate in RATES:
+        bits = int(np.float32(rate).view(np.uint32))
+        lines.append(f"scale {bits:08x} {int(keep_scale(rate).view(np.uint32)):08x}")
     return lines
 
 

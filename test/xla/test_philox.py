@@ -53,6 +53,12 @@ def test_threshold_rule():
     assert ref.threshold(2**-33) == 0
 
 
+def test_keep_scale_is_f32_arithmetic():
+    assert ref.keep_scale(0.5) == np.float32(2.0)
+    assert ref.keep_scale(0.1).dtype == np.float32
+    assert ref.keep_scale(0.1) == np.float32(1) / np.float32(np.float32(1) - np.float32(0.1))
+
+
 def test_mask_statistics():
     # Kept fraction within 4 sigma of 1 - rate; head h differs from head h + 1; keys differ.
     rate = 0.1
