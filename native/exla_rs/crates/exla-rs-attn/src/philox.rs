@@ -9,6 +9,8 @@
 //! `(b, h, i, j)`, so any tiling, thread count or platform regenerates the same mask, and the
 //! backward regenerates the forward's mask without storing it.
 
+use crate::AttnError;
+
 /// Philox4x32 multipliers (Random123 `PHILOX_M4x32_0`, `PHILOX_M4x32_1`).
 pub const M0: u32 = 0xD251_1F53;
 pub const M1: u32 = 0xCD9E_8D57;
@@ -80,6 +82,52 @@ pub fn dropout_keep_scale(rate: f32) -> f32 {
     1.0 / (1.0 - rate)
 }
 
+/// The dropout of one call, as the kernels use it: the key, the keep threshold and the scale.
+/// Built by `Dropout::from_attributes` from the contract's `has_dropout`, `dropout_rate` and the
+/// `dropout_key` operand, with the contract's validity rules.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Dropout {
+    pub key: [u32; 2],
+    pub rate: f32,
+    /// `dropout_threshold(rate)`: entry kept iff its draw is `>=` this.
+    pub threshold: u32,
+    /// `dropout_keep_scale(rate)`.
+    pub scale: f32,
+}
+
+impl Dropout {
+    /// `None` for no dropout (rate 0, no key), the dropout otherwise; INVALID_ARGUMENT for a
+    /// rate outside `[0, 1)` or NaN, a rate `> 0` without the key, or the key with rate 0.
+    pub fn from_attributes(rate: f32, key: Option<[u32; 2]>) -> Result<Option<Self>, AttnError> {
+        if !(0.0..1.0).contains(&rate) {
+            return Err(AttnError::invalid(format!(
+                "attribute `dropout_rate`: expected a rate in [0, 1), got {rate}"
+            )));
+        }
+        match (rate > 0.0, key) {
+            (false, None) => Ok(None),
+            (true, Some(key)) => Ok(Some(Self {
+                key,
+                rate,
+                threshold: dropout_threshold(rate),
+                scale: dropout_keep_scale(rate),
+            })),
+            (true, None) => Err(AttnError::invalid(format!(
+                "attribute `dropout_rate` is {rate} but `has_dropout` is false (no `dropout_key` operand)"
+            ))),
+            (false, Some(_)) => Err(AttnError::invalid(
+                "`has_dropout` is true but attribute `dropout_rate` is 0 (absent or zero)",
+            )),
+        }
+    }
+
+    /// Whether entry `(b, h, i, j)` is kept.
+    #[inline]
+    pub fn keep(&self, b: u32, h: u32, i: u32, j: u64) -> bool {
+        dropout_keep(self.key, self.threshold, b, h, i, j)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -121,6 +169,20 @@ mod tests {
         assert_eq!(dropout_threshold(1.0 - f32::EPSILON / 2.0), u32::MAX - 255);
         assert_eq!(dropout_threshold(0.1), 0x1999_99a0);
         assert_eq!(dropout_threshold(2f32.powi(-33)), 0);
+    }
+
+    #[test]
+    fn dropout_from_attributes_follows_the_contract() {
+        assert_eq!(Dropout::from_attributes(0.0, None), Ok(None));
+        let d = Dropout::from_attributes(0.25, Some([1, 2])).unwrap().unwrap();
+        assert_eq!((d.threshold, d.scale, d.key), (1 << 30, 4.0 / 3.0, [1, 2]));
+        assert_eq!(d.keep(0, 1, 2, 3), dropout_draw([1, 2], 0, 1, 2, 3) >= 1 << 30);
+        for bad in [1.0, 1.5, -0.1, f32::NAN, f32::INFINITY] {
+            assert!(matches!(Dropout::from_attributes(bad, Some([0, 0])), Err(AttnError::InvalidArgument(_))), "{bad}");
+        }
+        assert!(matches!(Dropout::from_attributes(0.1, None), Err(AttnError::InvalidArgument(_))));
+        assert!(matches!(Dropout::from_attributes(0.0, Some([0, 0])), Err(AttnError::InvalidArgument(_))));
+        assert_eq!(dropout_keep_scale(0.5), 2.0);
     }
 
     #[test]
