@@ -68,7 +68,6 @@ defmodule ExlaRs.Attention do
       * `:alibi_slopes` - a float tensor of shape `{heads}` (one slope per query
         head, rounded to `f32`): the score gets `-slope[h] * |q_start[b] + i - j|`,
         computed in the kernel (no `seq_q × seq_k` tensor).
-
       * `:dropout_rate` - attention dropout for training: a number in `[0, 1)`
         (rounded to f32), the probability of dropping each entry of the softmax
         `P`. Defaults to `0` (no dropout, nothing of it in the graph). The output
