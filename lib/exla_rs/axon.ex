@@ -4,7 +4,7 @@ defmodule ExlaRs.Axon do
     @moduledoc """
     `ExlaRs.attention/4` for Axon models, Bumblebee-style.
 
-    `layer/4` to `layer/9` are layer functions in Axon's calling convention (the
+    `layer/4` to `layer/10` are layer functions in Axon's calling convention (the
     input tensors, then a keyword list that Axon extends with `:mode` and the like;
     unknown keys are ignored), so they need no Axon at compile time. When Axon is
     loaded, `attention/4` builds the layer for you.
