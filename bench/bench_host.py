@@ -2,6 +2,7 @@
 
     .venv/jax-0.10.2/bin/python bench/bench_host.py            # full table, updates bench/RESULTS.md
     .venv/jax-0.10.2/bin/python bench/bench_host.py --quick    # S=1024 only, no file update
+    .venv/jax-0.10.2/bin/python bench/bench_host.py --extras [--old-lib OLD.so]   # key_mask/bias/ALiBi, S=2048
 
 Ours: `exla_rs_jax.attention` (test/xla/exla_rs_jax.py), a jax.custom_vjp over the
 `exla_rs_flash_attn_fwd/bwd` targets, so jax.grad runs our backward kernel.
@@ -134,6 +135,181 @@ def child_check(args) -> dict:
     return out
 
 
+# ---------------------------------------------------------------------------------------------
+# Optional operands (key_mask, bias, ALiBi) side by side with kv_len only, and the old library
+# ---------------------------------------------------------------------------------------------
+
+EXTRAS_S = 2048
+# name -> (keyword arguments of flash_attn_*, whether the old library can run it). kv_len is S
+# unless the name says 3/4; "mask left 1/4" hides the first S/4 keys (as many as kv_len 3/4 hides,
+# so both skip the same number of key tiles).
+EXTRAS_CONFIGS = {
+    "kv_len only": ({}, True),
+    "causal": ({"causal": True}, True),
+    "kv_len 3/4": ({"kv34": True}, True),
+    "key_mask (all visible)": ({"mask": "all"}, False),
+    "key_mask right 3/4": ({"mask": "right34"}, False),
+    "key_mask left 1/4": ({"mask": "left14"}, False),
+    "ALiBi": ({"alibi": True}, False),
+    "ALiBi causal": ({"alibi": True, "causal": True}, False),
+    "bias {1,H,S,S}": ({"bias": True}, False),
+}
+
+
+def build_extras(name: str, pass_: str, s: int, seed: int):
+    """The jitted (q, k, v, do, bias) -> outputs of one configuration, calling the targets
+    directly (fwd+bwd = the forward then the backward, dbias included when there is a bias)."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    import exla_rs_jax as ex
+
+    spec, _ = EXTRAS_CONFIGS[name]
+    kv = s * 3 // 4 if spec.get("kv34") else s
+    kv_len = jnp.full((B,), kv, jnp.int32)
+    q_start = jnp.zeros((B,), jnp.int32)
+    wl, wr = ex.window(spec.get("causal", False))
+    kw = dict(scale=SCALE, window_left=wl, window_right=wr)
+    mask = spec.get("mask")
+    if mask:
+        j = np.arange(s)[None, :]
+        m = {"all": j >= 0, "right34": j < s * 3 // 4, "left14": j >= s // 4}[mask]
+        kw["key_mask"] = jnp.asarray(np.broadcast_to(m, (B, s)).astype(np.uint8))
+    if spec.get("alibi"):
+        kw["alibi_slopes"] = jnp.asarray((2.0 ** (-8.0 * (np.arange(H) + 1) / H)).astype(np.float32))
+    use_bias = spec.get("bias", False)
+
+    def fwd(q, k, v, do, bias):
+        extra = dict(kw, bias=bias) if use_bias else kw
+        return ex.flash_attn_fwd(q, k, v, kv_len, q_start, **extra)
+
+    def fwd_bwd(q, k, v, do, bias):
+        extra = dict(kw, bias=bias) if use_bias else kw
+        o, lse = ex.flash_attn_fwd(q, k, v, kv_len, q_start, **extra)
+        return ex.flash_attn_bwd(q, k, v, kv_len, q_start, o, lse, do, **extra, bias_grad=use_bias)
+
+    return jax.jit(fwd if pass_ == "fwd" else fwd_bwd)
+
+
+def child_extras(args) -> dict:
+    """Times every configuration in args.configs round-robin (each rep runs them all in turn,
+    so load changes hit all of them alike) with the library in $EXLA_RS_XLA_LIB."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    s = args.s
+    q, k, v, do = make_inputs(s, args.seed)
+    rng = np.random.default_rng(args.seed + 1)
+    bias = jnp.asarray(rng.standard_normal((1, H, s, s), dtype=np.float32))
+    jax.block_until_ready((q, k, v, do, bias))
+    fns = {}
+    for key in args.configs.split(";"):
+        if key == "bias read":
+            # A plain read of the same bias (XLA's reduction): the cost of reading it once.
+            fns[key] = jax.jit(lambda q, k, v, do, b: jnp.sum(b))
+            continue
+        name, pass_ = key.rsplit("|", 1)
+        fns[key] = build_extras(name, pass_, s, args.seed)
+    for f in fns.values():
+        jax.block_until_ready(f(q, k, v, do, bias))
+        jax.block_until_ready(f(q, k, v, do, bias))
+    times = {key: [] for key in fns}
+    cpu = {key: [] for key in fns}
+    for _ in range(args.reps):
+        for key, f in fns.items():
+            c, t = time.process_time(), time.perf_counter()
+            jax.block_until_ready(f(q, k, v, do, bias))
+            times[key].append(time.perf_counter() - t)
+            cpu[key].append(time.process_time() - c)
+    # CPU time (all threads of this process) as well as wall time: on a shared machine other jobs
+    # stretch the wall clock, while the CPU time our threads spend moves much less.
+    return {key: {"best_ms": 1e3 * min(t), "median_ms": 1e3 * sorted(t)[len(t) // 2], "cpu_ms": 1e3 * min(cpu[key])} for key, t in times.items()}
+
+
+def run_extras(args) -> None:
+    """The extras table: new library (every configuration) and, when --old-lib is given, the
+    previous library (the configurations it has) in alternating child processes."""
+    s = EXTRAS_S if not args.quick else 512
+    seed = args.seed
+    new_keys = [f"{n}|{p}" for n in EXTRAS_CONFIGS for p in ("fwd", "fwd+bwd")] + ["bias read"]
+    old_keys = [f"{n}|{p}" for n, (_, old) in EXTRAS_CONFIGS.items() if old for p in ("fwd", "fwd+bwd")]
+    new_lib = str(Path(os.environ.get("EXLA_RS_XLA_LIB", ROOT / "native/exla_rs/target/release/libexla_rs_xla.so")))
+    best: dict = {}
+    for rnd in range(args.rounds):
+        libs = [("new", new_lib, new_keys)] + ([("old", args.old_lib, old_keys)] if args.old_lib else [])
+        if rnd % 2:
+            libs.reverse()
+        for tag, lib, keys in libs:
+            env = dict(os.environ, EXLA_RS_XLA_LIB=lib)
+            cmd = [sys.executable, __file__, "--child", "--extras", "--s", str(s), "--reps", str(args.reps), "--seed", str(seed), "--configs", ";".join(keys)]
+            res = subprocess.run(cmd, capture_output=True, text=True, env=env)
+            if res.returncode != 0:
+                raise RuntimeError(f"{tag} child failed:\n{res.stderr[-3000:]}")
+            out = json.loads(res.stdout.strip().splitlines()[-1])
+            for key, r in out.items():
+                cur = best.setdefault((tag, key), {"best_ms": float("inf"), "cpu_ms": float("inf"), "medians": []})
+                cur["best_ms"] = min(cur["best_ms"], r["best_ms"])
+                cur["cpu_ms"] = min(cur["cpu_ms"], r["cpu_ms"])
+                cur["medians"].append(r["median_ms"])
+            print(f"round {rnd} {tag}: " + ", ".join(f"{k} {v['best_ms']:.0f}" for k, v in out.items()), flush=True)
+
+    def get(tag, key):
+        r = best.get((tag, key))
+        return (r["best_ms"], sorted(r["medians"])[len(r["medians"]) // 2], r["cpu_ms"]) if r else None
+
+    bias_mib = H * s * s * 4 / 2**20
+    read = get("new", "bias read")
+    lines = [
+        "## Host (CPU): key mask, bias, ALiBi (issue 10)",
+        "",
+        f"Run 2026-11-23 by `bench/bench_host.py --extras{' --old-lib ...' if args.old_lib else ''}` (seed {seed}). Machine: {machine()}.",
+        f"S={s}, B=1, H=8, D=64, f32, self-attention, q_start = 0. Each configuration calls the targets directly under `jax.jit`",
+        "(\"fwd+bwd\" = the forward then the backward, with `dbias` when there is a bias). All configurations of one library",
+        "run round-robin in one process (every rep times each in turn), and the processes of the new and the old",
+        f"library alternate, {args.rounds} rounds of {args.reps} reps: times are the best over all (median of the rounds' medians in brackets).",
+        f"Load average at the end: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores.",
+        "",
+        "CPU ms = the least process CPU time (all threads) of one call: other jobs on the machine stretch the wall",
+        "clock much more than they change it, so the ratios are given for both.",
+        "",
+        "| configuration | pass | wall ms | CPU ms | vs kv_len only (wall / CPU) | old library wall ms | old CPU ms | new / old (wall / CPU) |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for name in EXTRAS_CONFIGS:
+        for p in ("fwd", "fwd+bwd"):
+            key = f"{name}|{p}"
+            new = get("new", key)
+            base = get("new", f"kv_len only|{p}")
+            old = get("old", key)
+            ref = get("new", f"causal|{p}") if name == "ALiBi causal" else get("new", f"kv_len 3/4|{p}") if name in ("key_mask right 3/4", "key_mask left 1/4") else base
+            ratio = f"{(new[0] / ref[0] - 1) * 100:+.1f}% / {(new[2] / ref[2] - 1) * 100:+.1f}%" + (
+                " (vs causal)" if name == "ALiBi causal" else " (vs kv_len 3/4)" if ref is not base else ""
+            )
+            lines.append(
+                f"| {name} | {p} | {new[0]:.1f} ({new[1]:.1f}) | {new[2]:.1f} | {ratio if name != 'kv_len only' else '—'} | "
+                + (f"{old[0]:.1f} ({old[1]:.1f}) | {old[2]:.1f} | {new[0] / old[0]:.3f} / {new[2] / old[2]:.3f} |" if old else "— | — | — |")
+            )
+    lines += [""]
+    if read:
+        for p, reads in (("fwd", 1), ("fwd+bwd", 2)):
+            d = get("new", f"bias {{1,H,S,S}}|{p}")[2] - get("new", f"kv_len only|{p}")[2]
+            lines.append(
+                f"- bias {{1,H,S,S}} f32 = {bias_mib:.0f} MiB; {p}: +{d:.1f} CPU ms over kv_len only, against {reads} plain read(s) of it "
+                f"by XLA (`jnp.sum(bias)`: {read[2]:.1f} CPU ms, {read[0]:.1f} wall ms = {bias_mib / 1024 / (read[0] / 1e3):.1f} GiB/s)"
+                + (" plus writing `dbias` once" if p == "fwd+bwd" else "")
+                + f": extra CPU time / ({reads} read{'s' if reads > 1 else ''}) = {d / (reads * read[2]):.2f}."
+            )
+    section = "\n".join(lines) + "\n"
+    print(section)
+    if not (args.quick or args.no_write):
+        path = ROOT / "bench/RESULTS.md"
+        text = path.read_text()
+        pat = re.compile(r"^## Host \(CPU\): key mask, bias, ALiBi.*?(?=^## |\Z)", re.S | re.M)
+        text = pat.sub(lambda _: section, text) if pat.search(text) else text.rstrip("\n") + "\n\n" + section
+        path.write_text(text)
+
+
 def spawn(extra: list[str]) -> dict:
     cmd = [sys.executable, __file__, "--child", *extra]
     res = subprocess.run(cmd, capture_output=True, text=True)
@@ -151,7 +327,9 @@ def machine() -> str:
         pass
     import jax
 
-    isa = os.environ.get("EXLA_RS_HOST_ISA", "widest available (AVX-512 here)")
+    flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    widest = "AVX-512" if " avx512f" in flags else "AVX2+FMA" if " avx2" in flags and " fma" in flags else "scalar"
+    isa = os.environ.get("EXLA_RS_HOST_ISA", f"widest available ({widest} here)")
     return f"{model}, {os.cpu_count()} cores, {platform.system()} {platform.release()}; jax {jax.__version__}; Host kernel ISA: {isa}"
 
 
@@ -176,9 +354,16 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--sizes", default="1024,2048,4096")
     ap.add_argument("--no-write", action="store_true")
+    ap.add_argument("--extras", action="store_true", help="key_mask / bias / ALiBi vs kv_len only at S=2048 (own RESULTS.md section)")
+    ap.add_argument("--old-lib", help="a libexla_rs_xla.so of the previous code, timed alternately with the current one (--extras)")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--configs", default="")
     args = ap.parse_args()
     if args.child:
-        print(json.dumps(child_check(args) if args.check else child_time(args)))
+        print(json.dumps(child_extras(args) if args.extras else child_check(args) if args.check else child_time(args)))
+        return
+    if args.extras:
+        run_extras(args)
         return
 
     seed = args.seed
