@@ -518,7 +518,8 @@ defmodule ExlaRs.Attention do
               "#{fun}: expected :dropout_rate to be a number in [0, 1) (0 for no dropout), got: #{inspect(rate)}"
       end
 
-      rate
+      # -0.0 is no dropout too, and must give the same tag as 0.0.
+      if rate == 0, do: 0.0, else: rate
     end
 
     # {rate, key operand or nil}: the key only when the rate is > 0 (rate 0 puts

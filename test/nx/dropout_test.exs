@@ -247,6 +247,7 @@ defmodule ExlaRs.DropoutTest do
 
       assert ExlaRs.attention(q, k, v, dropout_rate: 0.0, dropout_key: key) == ExlaRs.attention(q, k, v)
       assert ExlaRs.attention(q, k, v, dropout_key: key) == ExlaRs.attention(q, k, v)
+      assert ExlaRs.attention(q, k, v, dropout_rate: -0.0) == ExlaRs.attention(q, k, v)
     end
   end
 
