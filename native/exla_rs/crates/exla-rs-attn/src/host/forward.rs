@@ -88,6 +88,9 @@ fn run_impl<T: HostElement, K: Isa, const EXT: bool>(shape: &AttnShape, opts: &A
 
     let prep = if EXT { Prep::new(shape, ex) } else { Prep::new(shape, &Extras::default()) };
     let prep = &prep;
+    // Per (batch·kv head, key tile): does V hold an inf/NaN there? Once here, so the tile loop
+    // asks a bit instead of scanning BC·dp values for every (query block, tile).
+    let vbad: Vec<bool> = vp.par_chunks(BC * dp).map(|t| t.iter().any(|x| !x.is_finite())).collect();
     let nqb = sq.div_ceil(BR);
     let o_ptr = SyncPtr(out.o.as_mut_ptr());
     let lse_ptr = SyncPtr(out.lse.as_mut_ptr());
@@ -128,6 +131,7 @@ fn run_impl<T: HostElement, K: Isa, const EXT: bool>(shape: &AttnShape, opts: &A
                 scr.o[..rows * dp].fill(0.0);
                 let kt = &kt[bkv * ntk * d * BC..(bkv + 1) * ntk * d * BC];
                 let vp = &vp[bkv * ntk * BC * dp..(bkv + 1) * ntk * BC * dp];
+                let vbad = &vbad[bkv * ntk..(bkv + 1) * ntk];
                 let ctx = RowCtx { prep, b, hq, i0, q_start: qst as i64, alibi2: if EXT { prep.alibi2(hq) } else { 0.0 } };
                 for tile in block.start / BC..block.end.div_ceil(BC) {
                     if EXT && !prep.tile_visible(b, tile) {
@@ -137,7 +141,7 @@ fn run_impl<T: HostElement, K: Isa, const EXT: bool>(shape: &AttnShape, opts: &A
                     if EXT {
                         prep.prefetch_bias(b, hq, i0, rows, tile * BC);
                     }
-                    step::<K, EXT>(scr, opts, rows, d, dp, tile, sk, kt, vp, &ctx);
+                    step::<K, EXT>(scr, opts, rows, d, dp, tile, sk, kt, vp, vbad[tile], &ctx);
                 }
             }
 
@@ -167,7 +171,7 @@ fn run_impl<T: HostElement, K: Isa, const EXT: bool>(shape: &AttnShape, opts: &A
 /// One key tile for one block of query rows: `S = Qs·K^T`, the online-softmax update of every
 /// row, then `O += P·V` over the tile's columns that any row sees.
 #[allow(clippy::too_many_arguments)]
-fn step<K: Isa, const EXT: bool>(scr: &mut Scratch, opts: &AttnOptions, rows: usize, d: usize, dp: usize, tile: usize, sk: usize, kt: &[f32], vp: &[f32], ctx: &RowCtx<'_, '_>) {
+fn step<K: Isa, const EXT: bool>(scr: &mut Scratch, opts: &AttnOptions, rows: usize, d: usize, dp: usize, tile: usize, sk: usize, kt: &[f32], vp: &[f32], v_bad: bool, ctx: &RowCtx<'_, '_>) {
     let j0 = tile * BC;
     let kt_tile = &kt[tile * d * BC..(tile + 1) * d * BC];
     // SAFETY: qs is rows×dp (k = d ≤ dp columns read), kt_tile is d×BC, s is BR×BC.
@@ -228,7 +232,7 @@ fn step<K: Isa, const EXT: bool>(scr: &mut Scratch, opts: &AttnOptions, rows: us
     }
     // 0 * inf = NaN: when such a tile's V holds an inf/NaN, each row multiplies only the keys it
     // sees (a row that sees one gets the non-finite result it should), so none reaches the others.
-    if clo < chi && partial && vp[(j0 + clo) * dp..(j0 + chi) * dp].iter().any(|x| !x.is_finite()) {
+    if clo < chi && partial && v_bad && vp[(j0 + clo) * dp..(j0 + chi) * dp].iter().any(|x| !x.is_finite()) {
         for r in 0..rows {
             let (a, b) = (rg_a(&scr.ranges[r], j0), rg_b(&scr.ranges[r], j0));
             if a >= b || scr.m[r] == f32::NEG_INFINITY {
