@@ -134,14 +134,17 @@ EXLA_RS_DEVICE float lg2(float x) {
 }
 
 // The score s of the contract from the raw dot product: x = scale * qk, s = cap * tanh(x / cap).
-EXLA_RS_DEVICE float score(float qk, float scale, float softcap) {
+// x / cap is taken as x * (1 / cap) with 1 / cap computed on the host (params' softcap_inv, 0 when
+// off), as the Host kernels do: a precise f32 division in a kernel is a subroutine call whose ABI
+// register saves are local-memory spills (CI allows none).
+EXLA_RS_DEVICE float score(float qk, float scale, float softcap, float softcap_inv) {
   float x = qk * scale;
-  return softcap > 0.f ? softcap * tanhf(x / softcap) : x;
+  return softcap > 0.f ? softcap * tanhf(x * softcap_inv) : x;
 }
 // ds/d(qk) / scale: the softcap's derivative, 1 - tanh^2, from the already capped score.
-EXLA_RS_DEVICE float softcap_grad(float s, float softcap) {
+EXLA_RS_DEVICE float softcap_grad(float s, float softcap, float softcap_inv) {
   if (softcap > 0.f) {
-    float t = s / softcap;
+    float t = s * softcap_inv;
     return 1.f - t * t;
   }
   return 1.f;
@@ -199,18 +202,18 @@ struct Mask {
     hi = (int)(a < b ? b : 0);
   }
   // Keys visible to any row in [r0, r1) (a covering interval; exact for the contract's masks).
+  // O(1): row i sees a key iff kv_end > 0, p < kv_end + wl and p >= -wr (p = q_start + i; the
+  // window terms only when bounded), so those rows are one interval [i0, i1), and both bounds of a
+  // row's keys are non-decreasing in i: the union is [lo(i0), hi(i1 - 1)).
   EXLA_RS_DEVICE void rows_keys(int r0, int r1, int& lo, int& hi) const {
-    lo = 0x7fffffff;
-    hi = 0;
-    for (int r = r0; r < r1; ++r) {
-      int a, b;
-      row_keys(r, a, b);
-      if (a < b) {
-        lo = a < lo ? a : lo;
-        hi = b > hi ? b : hi;
-      }
-    }
-    if (lo >= hi) lo = hi = 0;
+    long long i0 = r0, i1 = r1;
+    if (wl >= 0 && (long long)kv_end + wl - q_start < i1) i1 = (long long)kv_end + wl - q_start;
+    if (wr >= 0 && -wr - q_start > i0) i0 = -wr - q_start;
+    lo = hi = 0;
+    if (kv_end <= 0 || i0 >= i1) return;
+    int a, b;
+    row_keys(i0, lo, b);
+    row_keys(i1 - 1, a, hi);
   }
   // Queries that see any key in [n0, n1): again one interval, because the window bounds move by
   // one position per key and (wl, wr >= 0) each key's interval has length >= 1.
@@ -285,12 +288,28 @@ template <int ROWS, int D, int NTHREADS>
 EXLA_RS_DEVICE void load_tile_async(unsigned short* s, const unsigned short* g, int row0, int row_limit,
                                     long long row_stride, int tid) {
   constexpr int kChunks = D / 8;
-  for (int c = tid; c < ROWS * kChunks; c += NTHREADS) {
-    int r = c / kChunks, col = (c % kChunks) * 8;
-    int gr = row0 + r;
-    bool ok = gr < row_limit;
-    const unsigned short* src = ok ? g + (long long)gr * row_stride + col : g;
-    cp_async16(s + Swz<ROWS, D>::off(r, col), src, ok ? 16 : 0);
+  if constexpr (NTHREADS % kChunks == 0 && ROWS % (NTHREADS / kChunks) == 0) {
+    // Every thread keeps one column and steps down the rows by a constant: written this way the
+    // compiler sees the column, the swizzle (for steps that are multiples of 8) and both bases as
+    // loop invariants and each chunk costs an add, not a division, a swizzle and a 64-bit multiply.
+    constexpr int kStep = NTHREADS / kChunks;
+    const int r0 = tid / kChunks, col = (tid % kChunks) * 8;
+    const unsigned short* src0 = g + (long long)(row0 + r0) * row_stride + col;
+    unsigned short* dst0 = s + Swz<ROWS, D>::off(r0, col);
+#pragma unroll
+    for (int i = 0; i < ROWS / kStep; ++i) {
+      const bool ok = row0 + r0 + i * kStep < row_limit;
+      unsigned short* dst = kStep % 8 == 0 ? dst0 + i * kStep * Swz<ROWS, D>::W : s + Swz<ROWS, D>::off(r0 + i * kStep, col);
+      cp_async16(dst, ok ? src0 + i * kStep * row_stride : g, ok ? 16 : 0);
+    }
+  } else {
+    for (int c = tid; c < ROWS * kChunks; c += NTHREADS) {
+      int r = c / kChunks, col = (c % kChunks) * 8;
+      int gr = row0 + r;
+      bool ok = gr < row_limit;
+      const unsigned short* src = ok ? g + (long long)gr * row_stride + col : g;
+      cp_async16(s + Swz<ROWS, D>::off(r, col), src, ok ? 16 : 0);
+    }
   }
 }
 

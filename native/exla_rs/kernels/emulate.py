@@ -139,7 +139,7 @@ class Mask:
 
     def __init__(self, sq, sk, kv_len, q_start, wl, wr, clamp=True):
         self.sq, self.sk = sq, sk
-        self.kv_end = min(max(kv_len, 0), sk)
+        self.kv_end = int(min(max(kv_len, 0), sk))
         c = (lambda w: min(w, WINDOW_CAP)) if clamp else (lambda w: w)
         self.qs, self.wl, self.wr = int(q_start), c(int(wl)), c(int(wr))
 
@@ -155,6 +155,18 @@ class Mask:
         return (a, b) if a < b else (0, 0)
 
     def rows_keys(self, r0, r1):
+        """common.cuh's O(1) form."""
+        i0, i1 = r0, r1
+        if self.wl >= 0 and w64(w64(self.kv_end + self.wl) - self.qs) < i1:
+            i1 = w64(w64(self.kv_end + self.wl) - self.qs)
+        if self.wr >= 0 and w64(-self.wr - self.qs) > i0:
+            i0 = w64(-self.wr - self.qs)
+        if self.kv_end <= 0 or i0 >= i1:
+            return 0, 0
+        return self.row_keys(i0)[0], self.row_keys(i1 - 1)[1]
+
+    def rows_keys_loop(self, r0, r1):
+        """The union row by row: what rows_keys must cover (check_rows_keys)."""
         lo, hi = 1 << 31, 0
         for r in range(r0, r1):
             a, b = self.row_keys(r)
@@ -177,7 +189,7 @@ class Mask:
 
 def score(x, scale, softcap):
     x = x * scale
-    return softcap * np.tanh(x / softcap) if softcap > 0 else x
+    return softcap * np.tanh(x * np.float32(1 / softcap)) if softcap > 0 else x  # softcap_inv, as the kernels
 
 
 # ---------------------------------------------------------------------------------------------
@@ -211,6 +223,9 @@ def flash_fwd(q, k, v, kv_len, q_start, scale, softcap, wl, wr):
                     rmax = np.full((2, 32), -np.inf, np.float32)
                     rsum = np.zeros((2, 32), np.float32)
                     row_a = m0 + warp * 16 + G
+                    # lo_r/hi_r: each lane's two rows' key intervals, found once per kernel
+                    lo_r = np.array([[mask.row_keys(row_a[l] + 8 * r)[0] for l in range(32)] for r in range(2)])
+                    hi_r = np.array([[mask.row_keys(row_a[l] + 8 * r)[1] for l in range(32)] for r in range(2)])
                     for n in range(n_first, n_last):
                         sK = np.full(BN * D, np.nan, np.float32)
                         sV = np.full(BN * D, np.nan, np.float32)
@@ -225,20 +240,19 @@ def flash_fwd(q, k, v, kv_len, q_start, scale, softcap, wl, wr):
                                 s[2 * nt + 1] = mma(s[2 * nt + 1], a, bf[2], bf[3])
                         n0 = n * BN
                         full = mask.tile_full(m0, m0 + BM, n0, n0 + BN)
-                        for j in range(BN // 8):
-                            for e in range(4):
-                                val = score(s[j, :, e], scale, softcap) * math.log2(math.e)
-                                if not full:
-                                    row, key = row_a + (e >> 1) * 8, n0 + j * 8 + TIG * 2 + (e & 1)
-                                    val = np.where(mask.visible(row, key), val, -np.inf)
-                                s[j, :, e] = val
+                        s = score(s, scale, softcap) * math.log2(math.e)
+                        if not full:
+                            for r in range(2):
+                                a, z = lo_r[r] - n0 - TIG * 2, hi_r[r] - n0 - TIG * 2
+                                for j in range(BN // 8):
+                                    for e1 in range(2):
+                                        s[j, :, 2 * r + e1] = np.where((j * 8 + e1 < a) | (j * 8 + e1 >= z), -np.inf, s[j, :, 2 * r + e1])
                         if not full and not np.isfinite(sV).all():
                             # The rare path of flash_fwd.cuh: NaN where a visible key's V is
                             # non-finite, then the tile's non-finite V elements become +0.
                             for r in range(2):
                                 for lane in range(32):
-                                    lo, hi = mask.row_keys(row_a[lane] + r * 8)
-                                    lo, hi = max(lo, n0), min(hi, n0 + BN)
+                                    lo, hi = max(lo_r[r][lane], n0), min(hi_r[r][lane], n0 + BN)
                                     for key in range(lo, hi):
                                         for c in range(D // 4):
                                             off = at(swk, "key - n0, (c >> 1) * 8 + tig * 2 + (c & 1)", "flash_fwd.cuh", key=key, n0=n0, c=c, tig=TIG)
@@ -346,6 +360,10 @@ def flash_bwd(q, k, v, kv_len, q_start, o, lse, do, scale, softcap, wl, wr):
                         for warp in range(NW):
                             ks, dpart = warp // SPLIT, warp % SPLIT
                             key_a = n0 + ks * 16 + G
+                            # qlo/qhi: the queries that see each of the lane's two keys (once per block)
+                            qlo = np.array([[mask.keys_rows(key_a[l] + 8 * r, key_a[l] + 8 * r + 1)[0] for l in range(32)] for r in range(2)])
+                            qhi = np.array([[mask.keys_rows(key_a[l] + 8 * r, key_a[l] + 8 * r + 1)[1] for l in range(32)] for r in range(2)])
+                            qa, qz = qlo - m0 - TIG * 2, qhi - m0 - TIG * 2
                             st = np.zeros((BM // 8, 32, 4), np.float32)
                             dpt = np.zeros((BM // 8, 32, 4), np.float32)
                             for kk in range(D // 16):
@@ -365,9 +383,10 @@ def flash_bwd(q, k, v, kv_len, q_start, o, lse, do, scale, softcap, wl, wr):
                                     l2 = sLse[ql]
                                     with np.errstate(invalid="ignore", over="ignore"):
                                         s = np.where(kbad[ks * 16 + G + 8 * (e >> 1)], np.nan, score(st[j, :, e], scale, softcap))
-                                        vis = (l2 != -np.inf) & (full | mask.visible(m0 + ql, key))
+                                        qc = j * 8 + (e & 1)
+                                        vis = (l2 != -np.inf) & (full | ((qc >= qa[e >> 1]) & (qc < qz[e >> 1])))
                                         pr = np.where(vis, np.exp2(s * L2E - l2), 0)
-                                        grad = 1 - (s / softcap) ** 2 if softcap > 0 else 1
+                                        grad = 1 - (s * np.float32(1 / softcap)) ** 2 if softcap > 0 else 1
                                         st[j, :, e] = pr
                                         dpt[j, :, e] = np.where(vis, pr * (dpt[j, :, e] - sDelta[ql]) * grad, 0)
                             for kq in range(BM // 16):
@@ -423,6 +442,45 @@ def flash_bwd(q, k, v, kv_len, q_start, o, lse, do, scale, softcap, wl, wr):
 # ---------------------------------------------------------------------------------------------
 
 
+def check_tile_loaders():
+    """load_tile_async's strided form (common.cuh: one column per thread, rows stepped by
+    kStep, smem and global offsets advanced by constants) writes exactly the chunks of the plain
+    loop, each once, at Swz offsets, for every tile shape the kernels load with it."""
+    shapes = set()
+    for d in (32, 64, 96, 128, 192, 256):
+        nw, bm, bn = fwd_traits(d)
+        shapes |= {(bm, d, 32 * nw), (bn, d, 32 * nw)}
+        nwb, _, bnb, _, _ = bwd_traits(d)
+        shapes.add((bnb, d, 32 * nwb))
+    for rows, d, nt in sorted(shapes):
+        chunks = d // 8
+        sw = swz(rows, d)
+        want = {(int(sw(r, c * 8)), r, c * 8) for r in range(rows) for c in range(chunks)}
+        if nt % chunks or rows % (nt // chunks):
+            continue  # the plain loop runs: nothing new to check
+        step, w = nt // chunks, (64 if d % 64 == 0 else 32)
+        got = []
+        for tid in range(nt):
+            r0, col = tid // chunks, (tid % chunks) * 8
+            dst0 = int(sw(r0, col))
+            for i in range(rows // step):
+                dst = dst0 + i * step * w if step % 8 == 0 else int(sw(r0 + i * step, col))
+                got.append((dst, r0 + i * step, col))
+        assert len(got) == len(want) and set(got) == want, f"tile loader ROWS={rows} D={d} NT={nt}"
+
+
+def check_rows_keys():
+    """The O(1) rows_keys gives exactly the row-by-row union, over windows, q_start, kv_len."""
+    M = (1 << 63) - 1
+    for wl in (-1, 0, 1, 5, 40, M):
+        for wr in (-1, 0, 2, 33, M):
+            for qs in (-(1 << 31), -50, -7, 0, 9, 60, (1 << 31) - 40):
+                for kv in (-2, 0, 1, 17, 64):
+                    m = Mask(40, 64, kv, qs, wl, wr)
+                    for r0, r1 in ((0, 40), (0, 16), (16, 32), (5, 6), (39, 40), (7, 7)):
+                        assert m.rows_keys(r0, r1) == m.rows_keys_loop(r0, r1), (wl, wr, qs, kv, r0, r1)
+
+
 def check_window_saturation():
     """Windows near i64::MAX: the clamped device mask equals the contract's (unbounded) one, and the
     unclamped one, wrapping, does not: the clamp is what fixes it."""
@@ -447,6 +505,8 @@ def main():
 
     np.seterr(over="ignore", invalid="ignore")  # wrapped i64 sums and NaN poison are intended here
     check_window_saturation()
+    check_tile_loaders()
+    check_rows_keys()
     rng = np.random.default_rng(1)
     M = (1 << 63) - 1
     # (B, Sq, Sk, H, Hkv, D, wl, wr, softcap, kv_len, q_start[, poison]): every head dim, ragged

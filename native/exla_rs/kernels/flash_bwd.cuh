@@ -80,6 +80,11 @@ __device__ __forceinline__ void flash_bwd(const BwdParams& p) {
   }
   const int key_a = n0 + ks * 16 + g;  // this thread's two keys: key_a, key_a + 8
   bool kbad[2] = {false, false};       // their K rows held an inf/NaN (set at the first step)
+  // The queries that see each of the two keys: one interval per key, found once, so a straddling
+  // step tests elements with two 32-bit compares instead of the 64-bit window predicate.
+  int qlo[2], qhi[2];
+  mask.keys_rows(key_a, key_a + 1, qlo[0], qhi[0]);
+  mask.keys_rows(key_a + 8, key_a + 9, qlo[1], qhi[1]);
 
   // Steps: (query head of the group, query tile) pairs, flattened so that the loads of step t + 1
   // can be issued while step t computes dQ (which reads only dS^T and K).
@@ -168,21 +173,24 @@ __device__ __forceinline__ void flash_bwd(const BwdParams& p) {
 
       // Elementwise: st <- P^T, dpt <- dS^T (without the final `scale`, applied at the end).
       const bool full = mask.tile_full(m0, m0 + BM, n0, n0 + BN);
+      // Element (j, e) is query m0 + j * 8 + tig * 2 + (e & 1) of key key_a + (e >> 1) * 8.
+      const int qa[2] = {qlo[0] - m0 - tig * 2, qlo[1] - m0 - tig * 2};
+      const int qz[2] = {qhi[0] - m0 - tig * 2, qhi[1] - m0 - tig * 2};
 #pragma unroll
       for (int j = 0; j < BM / 8; ++j) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int ql = j * 8 + tig * 2 + (e & 1);  // query within the tile (accumulator column)
-          const int key = key_a + (e >> 1) * 8;
+          const int qc = j * 8 + (e & 1);
           const float l2 = sLse[ql];
-          const float s0 = p.softcap > 0.f ? score(st[j][e], p.scale, p.softcap) : st[j][e] * p.scale;
+          const float s0 = p.softcap > 0.f ? score(st[j][e], p.scale, p.softcap, p.softcap_inv) : st[j][e] * p.scale;
           const float s = kbad[e >> 1] ? qnan() : s0;
-          const bool vis = l2 != neg_inf() && (full || mask.visible(m0 + ql, key));
+          const bool vis = l2 != neg_inf() && (full || (qc >= qa[e >> 1] && qc < qz[e >> 1]));
           const float pr = vis ? ex2(s * kLog2e - l2) : 0.f;
           st[j][e] = pr;
           // A select, not a product with pr = 0: dP^T of a hidden pair may be NaN (a non-finite V
           // row, or dO of a row nobody sees) and must not leak.
-          dpt[j][e] = vis ? pr * (dpt[j][e] - sDelta[ql]) * softcap_grad(s, p.softcap) : 0.f;
+          dpt[j][e] = vis ? pr * (dpt[j][e] - sDelta[ql]) * softcap_grad(s, p.softcap, p.softcap_inv) : 0.f;
         }
       }
 

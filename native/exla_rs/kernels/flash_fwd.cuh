@@ -67,6 +67,11 @@ __device__ __forceinline__ void flash_fwd(const FwdParams& p) {
   }
   const float scale_log2 = p.scale * kLog2e;
   const int row_a = m0 + warp * 16 + g;  // this thread's two query rows: row_a, row_a + 8
+  // Their visible keys, one interval each, found once: a straddling tile then tests each element
+  // with two 32-bit compares against tile-relative bounds instead of the 64-bit window predicate.
+  int lo_r[2], hi_r[2];
+  mask.row_keys(row_a, lo_r[0], hi_r[0]);
+  mask.row_keys(row_a + 8, lo_r[1], hi_r[1]);
 
   for (int n = n_first; n < n_last; ++n) {
     const int stage = (n - n_first) & 1;
@@ -100,16 +105,27 @@ __device__ __forceinline__ void flash_fwd(const FwdParams& p) {
     // Scores in the log2 domain; masked entries -inf (only tiles that straddle a bound test).
     const int n0 = n * BN;
     const bool full = mask.tile_full(m0, m0 + BM, n0, n0 + BN);
+    if (p.softcap > 0.f) {  // uniform: the common path has no tanh in its loop
 #pragma unroll
-    for (int j = 0; j < BN / 8; ++j) {
+      for (int j = 0; j < BN / 8; ++j)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        float v = p.softcap > 0.f ? score(s[j][e], p.scale, p.softcap) * kLog2e : s[j][e] * scale_log2;
-        if (!full) {
-          int row = row_a + (e >> 1) * 8, key = n0 + j * 8 + tig * 2 + (e & 1);
-          if (!mask.visible(row, key)) v = neg_inf();
-        }
-        s[j][e] = v;
+        for (int e = 0; e < 4; ++e) s[j][e] = score(s[j][e], p.scale, p.softcap, p.softcap_inv) * kLog2e;
+    } else {
+#pragma unroll
+      for (int j = 0; j < BN / 8; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[j][e] *= scale_log2;
+    }
+    if (!full) {
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        // Element (j, e) holds key n0 + j * 8 + tig * 2 + (e & 1): compare its compile-time part.
+        const int a = lo_r[r] - n0 - tig * 2, z = hi_r[r] - n0 - tig * 2;
+#pragma unroll
+        for (int j = 0; j < BN / 8; ++j)
+#pragma unroll
+          for (int h = 0; h < 2; ++h)
+            if (j * 8 + h < a || j * 8 + h >= z) s[j][2 * r + h] = neg_inf();
       }
     }
 
@@ -121,16 +137,16 @@ __device__ __forceinline__ void flash_fwd(const FwdParams& p) {
     // need none of this: every row sees every key, so the natural propagation is the right one.
     if (!full) {
       int bad = 0;
+#pragma unroll 1  // the rare path stays small: it must not crowd the main loop's code or registers
       for (int c = tid; c < BN * D / 8; c += NT) bad |= nonfinite_chunk<T>(reinterpret_cast<const Chunk16*>(sVs)[c]);
       if (__syncthreads_or(bad)) {
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
-          int lo, hi;
-          mask.row_keys(row_a + r * 8, lo, hi);
-          lo = imax(lo, n0);
-          hi = imin(hi, n0 + BN);
+          const int lo = imax(lo_r[r], n0), hi = imin(hi_r[r], n0 + BN);
           unsigned long long cols = 0;  // bit 2 dt + h: this thread's column dt * 8 + tig * 2 + h
+#pragma unroll 1
           for (int key = lo; key < hi; ++key)
+#pragma unroll 1
             for (int c = 0; c < D / 4; ++c)
               if (nonfinite1<T>(sVs[SwK::off(key - n0, (c >> 1) * 8 + tig * 2 + (c & 1))])) cols |= 1ull << c;
 #pragma unroll
@@ -140,6 +156,7 @@ __device__ __forceinline__ void flash_fwd(const FwdParams& p) {
           }
         }
         __syncthreads();  // every thread has read the tile; now zero its non-finite elements
+#pragma unroll 1
         for (int c = tid; c < BN * D / 8; c += NT) zero_nonfinite_chunk<T>(reinterpret_cast<Chunk16*>(const_cast<unsigned short*>(sVs))[c]);
         __syncthreads();
       }

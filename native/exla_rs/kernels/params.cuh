@@ -18,6 +18,7 @@ struct FwdParams {
   float softcap;  // 0 = off
   long long window_left;   // < 0 = unbounded
   long long window_right;  // < 0 = unbounded, 0 = causal
+  float softcap_inv;       // 1 / softcap, 0 when off (kernels multiply: no device division)
 };
 
 // Backward: the forward's operands plus o, lse, do; results dq/dk/dv and two f32 scratch arrays in
@@ -41,10 +42,11 @@ struct BwdParams {
   float softcap;
   long long window_left;
   long long window_right;
+  float softcap_inv;
 };
 
 }  // namespace exla_rs
 
 // The Rust mirror checks the same numbers (crates/exla-rs-cuda/src/params.rs).
-static_assert(sizeof(exla_rs::FwdParams) == 104, "FwdParams layout changed: update params.rs");
-static_assert(sizeof(exla_rs::BwdParams) == 152, "BwdParams layout changed: update params.rs");
+static_assert(sizeof(exla_rs::FwdParams) == 112, "FwdParams layout changed: update params.rs");
+static_assert(sizeof(exla_rs::BwdParams) == 160, "BwdParams layout changed: update params.rs");

@@ -52,7 +52,7 @@ __device__ __forceinline__ void simt_fwd(const FwdParams& p) {
     const int cnt = imin(32, hi - j0);
     float mine = neg_inf();  // lane jj keeps the score of key j0 + jj
     for (int jj = 0; jj < cnt; ++jj) {
-      float s = score(dot_row<T, D>(q, K + (long long)(j0 + jj) * kv_stride, lane), p.scale, p.softcap) * kLog2e;
+      float s = score(dot_row<T, D>(q, K + (long long)(j0 + jj) * kv_stride, lane), p.scale, p.softcap, p.softcap_inv) * kLog2e;
       if (lane == jj) mine = s;
     }
     const float m_new = fmaxf(m, warp_max(mine));  // finite: every key in [lo, hi) is visible
@@ -103,9 +103,9 @@ __device__ __forceinline__ void simt_bwd_dq(const BwdParams& p) {
   if (lse2 == neg_inf()) hi = lo;  // a row that saw nothing contributes nothing
   for (int j = lo; j < hi; ++j) {
     const S* kr = K + (long long)j * kv_stride;
-    const float s = score(dot_row<T, D>(q, kr, lane), p.scale, p.softcap);
+    const float s = score(dot_row<T, D>(q, kr, lane), p.scale, p.softcap, p.softcap_inv);
     const float dp = dot_row<T, D>(dout, V + (long long)j * kv_stride, lane);
-    const float ds = ex2(s * kLog2e - lse2) * (dp - delta) * softcap_grad(s, p.softcap);
+    const float ds = ex2(s * kLog2e - lse2) * (dp - delta) * softcap_grad(s, p.softcap, p.softcap_inv);
 #pragma unroll
     for (int e = 0; e < E; ++e) dq[e] += ds * T::to_float(kr[lane + 32 * e]);
   }
@@ -145,10 +145,10 @@ __device__ __forceinline__ void simt_bwd_dkdv(const BwdParams& p) {
       const long long q_row = ((long long)b * p.seq_q + i) * p.heads + h;
       const S* qr = static_cast<const S*>(p.q) + q_row * D;
       const S* dor = static_cast<const S*>(p.d_o) + q_row * D;
-      const float s = score(dot_row<T, D>(k, qr, lane), p.scale, p.softcap);
+      const float s = score(dot_row<T, D>(k, qr, lane), p.scale, p.softcap, p.softcap_inv);
       const float dp = dot_row<T, D>(v, dor, lane);
       const float pr = ex2(s * kLog2e - lse2);
-      const float ds = pr * (dp - p.delta[lrow]) * softcap_grad(s, p.softcap);
+      const float ds = pr * (dp - p.delta[lrow]) * softcap_grad(s, p.softcap, p.softcap_inv);
 #pragma unroll
       for (int e = 0; e < E; ++e) {
         dv[e] += pr * T::to_float(dor[lane + 32 * e]);

@@ -3,17 +3,17 @@
 
 using namespace exla_rs;
 
-extern "C" __global__ void __launch_bounds__(SimtTraits::kThreads)
+extern "C" __global__ void __launch_bounds__(SimtTraits::kThreads, 1)
 exla_rs_fwd_f32_d192(const FwdParams p) {
   simt_fwd<F32, 192>(p);
 }
 
-extern "C" __global__ void __launch_bounds__(SimtTraits::kThreads)
+extern "C" __global__ void __launch_bounds__(SimtTraits::kThreads, 1)
 exla_rs_bwd_dq_f32_d192(const BwdParams p) {
   simt_bwd_dq<F32, 192>(p);
 }
 
-extern "C" __global__ void __launch_bounds__(SimtTraits::kThreads)
+extern "C" __global__ void __launch_bounds__(SimtTraits::kThreads, 1)
 exla_rs_bwd_dkdv_f32_d192(const BwdParams p) {
   simt_bwd_dkdv<F32, 192>(p);
 }

@@ -4,7 +4,7 @@
 use crate::config::{self, Launch};
 use crate::driver::{self, check, guard, CUstream, StreamContext};
 use crate::modules;
-use crate::params::{kernel_window, BwdParams, FwdParams};
+use crate::params::{kernel_window, softcap_inv, BwdParams, FwdParams};
 use crate::{BwdBuffers, FwdBuffers};
 use cudarc::driver::sys;
 use exla_rs_attn::{AttnError, AttnOptions, AttnShape, ElementType, Pass};
@@ -90,6 +90,7 @@ pub unsafe fn forward(
             softcap: opts.softcap,
             window_left: kernel_window(opts.window_left),
             window_right: kernel_window(opts.window_right),
+            softcap_inv: softcap_inv(opts.softcap),
         };
         run(stream as CUstream, &[config::forward_plan(dtype, shape)], &p)
     })
@@ -134,6 +135,7 @@ pub unsafe fn backward(
             softcap: opts.softcap,
             window_left: kernel_window(opts.window_left),
             window_right: kernel_window(opts.window_right),
+            softcap_inv: softcap_inv(opts.softcap),
         };
         run(stream as CUstream, &config::backward_plan(dtype, shape), &p)
     })

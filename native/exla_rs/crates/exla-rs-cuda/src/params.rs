@@ -8,6 +8,15 @@ use std::ffi::c_void;
 /// a window near `i64::MAX` stays unbounded as on the Host (which saturates those sums).
 pub const WINDOW_CAP: i64 = 1 << 40;
 
+/// `1 / softcap` as the kernels take it (0 when the softcap is off).
+pub fn softcap_inv(softcap: f32) -> f32 {
+    if softcap > 0.0 {
+        1.0 / softcap
+    } else {
+        0.0
+    }
+}
+
 /// The window value a kernel receives; negative (unbounded) values pass through.
 pub fn kernel_window(w: i64) -> i64 {
     w.min(WINDOW_CAP)
@@ -33,6 +42,8 @@ pub struct FwdParams {
     pub softcap: f32,
     pub window_left: i64,
     pub window_right: i64,
+    /// `1 / softcap` (0 when off): the kernels multiply by it instead of dividing.
+    pub softcap_inv: f32,
 }
 
 #[repr(C)]
@@ -61,6 +72,8 @@ pub struct BwdParams {
     pub softcap: f32,
     pub window_left: i64,
     pub window_right: i64,
+    /// `1 / softcap` (0 when off): the kernels multiply by it instead of dividing.
+    pub softcap_inv: f32,
 }
 
 #[cfg(test)]
@@ -171,11 +184,13 @@ mod tests {
         assert_eq!(offset_of!(FwdParams, batch), 56);
         assert_eq!(offset_of!(FwdParams, scale), 80);
         assert_eq!(offset_of!(FwdParams, window_left), 88);
-        assert_eq!(size_of::<FwdParams>(), 104);
+        assert_eq!(offset_of!(FwdParams, softcap_inv), 104);
+        assert_eq!(size_of::<FwdParams>(), 112);
         assert_eq!(offset_of!(BwdParams, batch), 104);
         assert_eq!(offset_of!(BwdParams, scale), 128);
         assert_eq!(offset_of!(BwdParams, window_right), 144);
-        assert_eq!(size_of::<BwdParams>(), 152);
+        assert_eq!(offset_of!(BwdParams, softcap_inv), 152);
+        assert_eq!(size_of::<BwdParams>(), 160);
         let cuh = include_str!("../../../kernels/params.cuh");
         for f in ["const void* q;", "float* lse;", "int batch, seq_q, seq_k, heads, kv_heads, head_dim;", "float* dq_accum;"] {
             assert!(cuh.contains(f), "params.cuh changed: {f}");
