@@ -2,6 +2,7 @@ Code.require_file("support.exs", __DIR__)
 
 defmodule ExlaRs.AttentionTest do
   use ExUnit.Case, async: true
+  import ExlaRs.NxTest.Assertions, only: [raises: 2]
   @moduletag :nx
 
   alias ExlaRs.NxTest.Reference, as: Ref
@@ -236,11 +237,6 @@ defmodule ExlaRs.AttentionTest do
       assert {Nx.type(ws), Nx.shape(ws)} == {{:u, 8}, {96}}
       assert Nx.to_flat_list(ws) |> Enum.all?(&(&1 == 0))
     end
-  end
-
-  defp raises(message, fun) do
-    error = assert_raise ArgumentError, fun
-    assert error.message =~ message
   end
 
   describe "validation" do

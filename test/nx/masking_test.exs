@@ -4,6 +4,7 @@ defmodule ExlaRs.MaskingTest do
   # key_mask, bias and alibi_slopes (issue 10) on the Nx fallback, against the
   # float64 reference in support.exs (which reads the contract, not the library).
   use ExUnit.Case, async: true
+  import ExlaRs.NxTest.Assertions, only: [raises: 2]
   @moduletag :nx
 
   alias ExlaRs.NxTest.Reference, as: Ref
@@ -333,11 +334,6 @@ defmodule ExlaRs.MaskingTest do
       got = apply(ExlaRs.Axon, :layer, [q, k, v] ++ tensors ++ [[tensor_keys: keys, causal: true, mode: :train]])
       assert got == ExlaRs.attention(q, k, v, [causal: true] ++ opts)
     end
-  end
-
-  defp raises(message, fun) do
-    error = assert_raise ArgumentError, fun
-    assert error.message =~ message
   end
 
   describe "validation" do

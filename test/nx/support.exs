@@ -470,4 +470,15 @@ unless Code.ensure_loaded?(ExlaRs.NxTest.Reference) do
 
     defp walk_node(_other, state), do: state
   end
+
+  defmodule ExlaRs.NxTest.Assertions do
+    @moduledoc false
+    import ExUnit.Assertions
+
+    @doc "Asserts `fun` raises an ArgumentError whose message matches `message`."
+    def raises(message, fun) do
+      error = assert_raise ArgumentError, fun
+      assert error.message =~ message
+    end
+  end
 end

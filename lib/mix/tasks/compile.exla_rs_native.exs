@@ -34,6 +34,7 @@ defmodule Mix.Tasks.Compile.ExlaRsNative do
     native = Path.join(root, "native/exla_rs")
     dest = Path.join(root, "priv/native/#{@lib_name}.so")
     profile = System.get_env("EXLA_RS_CARGO_PROFILE", "release")
+    cargo = find_cargo()
 
     cond do
       System.get_env("EXLA_RS_SKIP_CARGO") in ~w(1 true) ->
@@ -41,10 +42,10 @@ defmodule Mix.Tasks.Compile.ExlaRsNative do
           do: {:noop, []},
           else: error("EXLA_RS_SKIP_CARGO is set but #{dest} does not exist")
 
-      up_to_date?(native, dest, build_settings(find_cargo())) ->
+      up_to_date?(native, dest, build_settings(cargo)) ->
         {:noop, []}
 
-      cargo = find_cargo() ->
+      cargo ->
         build(cargo, native, dest, profile)
 
       File.exists?(dest) ->
