@@ -4,6 +4,23 @@
 
 namespace exla_rs {
 
+// The contract's optional operands (docs/flash-attention-contract.md), the same block in both
+// passes. A null pointer means the operand is absent; the kernels test the pointer, nothing else.
+struct ExtraParams {
+  const void* key_mask;         // [B, Sk], integer of key_mask_bytes bytes, nonzero = visible
+  const void* bias;             // [Bb, Hb, Sqb, Skb] of bias_dtype, read through the strides below
+  const float* alibi_slopes;    // f32[H]: z += -slope[h] * |q_start[b] + i - j|
+  const unsigned* dropout_key;  // u32[2] (device memory): the Philox key (k0, k1)
+  long long bias_stride_b;      // in elements; 0 on a broadcast dimension
+  long long bias_stride_h;
+  long long bias_stride_q;
+  long long bias_stride_k;
+  int key_mask_bytes;           // 1, 2, 4 or 8 (0 without key_mask)
+  int bias_dtype;               // 0 = f32, 1 = f16, 2 = bf16
+  unsigned dropout_threshold;   // keep iff draw >= threshold = floor(rate * 2^32)
+  float dropout_scale;          // 1 / (1 - rate), rounded to f32 on the host
+};
+
 // Forward: q [B,Sq,H,D], k/v [B,Sk,Hkv,D], o like q, lse f32 [B,H,Sq].
 struct FwdParams {
   const void* q;
@@ -19,6 +36,7 @@ struct FwdParams {
   long long window_left;   // < 0 = unbounded
   long long window_right;  // < 0 = unbounded, 0 = causal
   float softcap_inv;       // 1 / softcap, 0 when off (kernels multiply: no device division)
+  ExtraParams x;
 };
 
 // Backward: the forward's operands plus o, lse, do; results dq/dk/dv and two f32 scratch arrays in
@@ -43,10 +61,17 @@ struct BwdParams {
   long long window_left;
   long long window_right;
   float softcap_inv;
+  ExtraParams x;
+  // bias_grad: dbias is accumulated in f32 (red.add) in the workspace, laid out densely like the
+  // bias (index b*stride_b + h*stride_h + i*stride_q + j*stride_k), then rounded once into dbias.
+  float* dbias_accum;   // null without bias_grad
+  void* dbias;          // the result, of bias_dtype
+  long long dbias_elems;
 };
 
 }  // namespace exla_rs
 
 // The Rust mirror checks the same numbers (crates/exla-rs-cuda/src/params.rs).
-static_assert(sizeof(exla_rs::FwdParams) == 112, "FwdParams layout changed: update params.rs");
-static_assert(sizeof(exla_rs::BwdParams) == 160, "BwdParams layout changed: update params.rs");
+static_assert(sizeof(exla_rs::ExtraParams) == 80, "ExtraParams layout changed: update params.rs");
+static_assert(sizeof(exla_rs::FwdParams) == 192, "FwdParams layout changed: update params.rs");
+static_assert(sizeof(exla_rs::BwdParams) == 264, "BwdParams layout changed: update params.rs");

@@ -4,7 +4,7 @@
 use crate::config::{self, Launch};
 use crate::driver::{self, check, guard, CUstream, StreamContext};
 use crate::modules;
-use crate::params::{kernel_window, softcap_inv, BwdParams, FwdParams};
+use crate::params::{kernel_window, softcap_inv, BwdParams, ExtraParams, FwdParams};
 use crate::{BwdBuffers, FwdBuffers};
 use cudarc::driver::sys;
 use exla_rs_attn::{AttnError, AttnOptions, AttnShape, ElementType, Pass};
@@ -91,6 +91,7 @@ pub unsafe fn forward(
             window_left: kernel_window(opts.window_left),
             window_right: kernel_window(opts.window_right),
             softcap_inv: softcap_inv(opts.softcap),
+            x: ExtraParams::NONE,
         };
         run(stream as CUstream, &[config::forward_plan(dtype, shape)], &p)
     })
@@ -136,6 +137,10 @@ pub unsafe fn backward(
             window_left: kernel_window(opts.window_left),
             window_right: kernel_window(opts.window_right),
             softcap_inv: softcap_inv(opts.softcap),
+            x: ExtraParams::NONE,
+            dbias_accum: std::ptr::null_mut(),
+            dbias: std::ptr::null_mut(),
+            dbias_elems: 0,
         };
         run(stream as CUstream, &config::backward_plan(dtype, shape), &p)
     })

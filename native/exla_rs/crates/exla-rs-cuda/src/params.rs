@@ -22,6 +22,49 @@ pub fn kernel_window(w: i64) -> i64 {
     w.min(WINDOW_CAP)
 }
 
+/// The contract's optional operands (`ExtraParams` in params.cuh); a null pointer = absent.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct ExtraParams {
+    /// `[B, Sk]` integer of `key_mask_bytes` bytes, nonzero = visible.
+    pub key_mask: *const c_void,
+    /// `[Bb, Hb, Sqb, Skb]` of `bias_dtype`, read through the strides.
+    pub bias: *const c_void,
+    pub alibi_slopes: *const f32,
+    /// `u32[2]` in device memory.
+    pub dropout_key: *const u32,
+    /// Element strides of the bias; 0 on a broadcast dimension.
+    pub bias_stride_b: i64,
+    pub bias_stride_h: i64,
+    pub bias_stride_q: i64,
+    pub bias_stride_k: i64,
+    pub key_mask_bytes: i32,
+    /// 0 = f32, 1 = f16, 2 = bf16.
+    pub bias_dtype: i32,
+    /// Keep iff draw >= threshold (`floor(rate * 2^32)`).
+    pub dropout_threshold: u32,
+    /// `1 / (1 - rate)`.
+    pub dropout_scale: f32,
+}
+
+impl ExtraParams {
+    /// A call without optional operands.
+    pub const NONE: ExtraParams = ExtraParams {
+        key_mask: std::ptr::null(),
+        bias: std::ptr::null(),
+        alibi_slopes: std::ptr::null(),
+        dropout_key: std::ptr::null(),
+        bias_stride_b: 0,
+        bias_stride_h: 0,
+        bias_stride_q: 0,
+        bias_stride_k: 0,
+        key_mask_bytes: 0,
+        bias_dtype: 0,
+        dropout_threshold: 0,
+        dropout_scale: 1.0,
+    };
+}
+
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct FwdParams {
@@ -44,6 +87,7 @@ pub struct FwdParams {
     pub window_right: i64,
     /// `1 / softcap` (0 when off): the kernels multiply by it instead of dividing.
     pub softcap_inv: f32,
+    pub x: ExtraParams,
 }
 
 #[repr(C)]
@@ -74,6 +118,12 @@ pub struct BwdParams {
     pub window_right: i64,
     /// `1 / softcap` (0 when off): the kernels multiply by it instead of dividing.
     pub softcap_inv: f32,
+    pub x: ExtraParams,
+    /// bias_grad: f32 accumulator in the workspace, laid out densely like the bias (null without).
+    pub dbias_accum: *mut f32,
+    /// The `dbias` result, of `x.bias_dtype`.
+    pub dbias: *mut c_void,
+    pub dbias_elems: i64,
 }
 
 #[cfg(test)]
@@ -185,12 +235,20 @@ mod tests {
         assert_eq!(offset_of!(FwdParams, scale), 80);
         assert_eq!(offset_of!(FwdParams, window_left), 88);
         assert_eq!(offset_of!(FwdParams, softcap_inv), 104);
-        assert_eq!(size_of::<FwdParams>(), 112);
+        assert_eq!(offset_of!(FwdParams, x), 112);
+        assert_eq!(size_of::<ExtraParams>(), 80);
+        assert_eq!(offset_of!(ExtraParams, bias_stride_b), 32);
+        assert_eq!(offset_of!(ExtraParams, key_mask_bytes), 64);
+        assert_eq!(offset_of!(ExtraParams, dropout_scale), 76);
+        assert_eq!(size_of::<FwdParams>(), 192);
         assert_eq!(offset_of!(BwdParams, batch), 104);
         assert_eq!(offset_of!(BwdParams, scale), 128);
         assert_eq!(offset_of!(BwdParams, window_right), 144);
         assert_eq!(offset_of!(BwdParams, softcap_inv), 152);
-        assert_eq!(size_of::<BwdParams>(), 160);
+        assert_eq!(offset_of!(BwdParams, x), 160);
+        assert_eq!(offset_of!(BwdParams, dbias_accum), 240);
+        assert_eq!(offset_of!(BwdParams, dbias_elems), 256);
+        assert_eq!(size_of::<BwdParams>(), 264);
         let cuh = include_str!("../../../kernels/params.cuh");
         for f in ["const void* q;", "float* lse;", "int batch, seq_q, seq_k, heads, kv_heads, head_dim;", "float* dq_accum;"] {
             assert!(cuh.contains(f), "params.cuh changed: {f}");
