@@ -1,0 +1,154 @@
+// Device helpers for the contract's optional features (docs/flash-attention-contract.md: key mask,
+// bias, ALiBi, dropout), shared by the tensor-core kernels (flash_fwd.cuh, flash_bwd.cuh) and the
+// f32 SIMT kernels (simt.cuh). Each helper computes one element of the contract's definition; the
+// kernels decide where (which fragment element, which tile) to call them.
+//
+// Header-free like common.cuh: NVRTC compiles this text with no CUDA include directory.
+#pragma once
+
+#include "common.cuh"
+
+namespace exla_rs {
+
+// ---------------------------------------------------------------------------------------------
+// Dropout: Philox4x32-10 (Salmon et al., SC 2011; Random123's philox4x32_R(10, ctr, key)), as the
+// contract's "The generator" section defines it. All arithmetic wraps mod 2^32.
+
+struct Philox4 {
+  unsigned x[4];
+};
+
+EXLA_RS_DEVICE Philox4 philox4x32_10(unsigned c0, unsigned c1, unsigned c2, unsigned c3, unsigned k0, unsigned k1) {
+#pragma unroll
+  for (int r = 0; r < 10; ++r) {
+    // (hi, lo) of the 64-bit products M0 * c0 and M1 * c2: __umulhi and a plain multiply.
+    const unsigned hi0 = __umulhi(0xD2511F53u, c0), lo0 = 0xD2511F53u * c0;
+    const unsigned hi1 = __umulhi(0xCD9E8D57u, c2), lo1 = 0xCD9E8D57u * c2;
+    c0 = hi1 ^ c1 ^ k0;
+    c1 = lo1;
+    c2 = hi0 ^ c3 ^ k1;
+    c3 = lo0;
+    k0 += 0x9E3779B9u;  // the key bump before the next round (dead after round 9)
+    k1 += 0xBB67AE85u;
+  }
+  Philox4 o;
+  o.x[0] = c0;
+  o.x[1] = c1;
+  o.x[2] = c2;
+  o.x[3] = c3;
+  return o;
+}
+
+// The draws of keys 4q .. 4q + 3 of mask row (b, h, i): one Philox call, counter (q, i, h, b),
+// where q = j div 4 and word j mod 4 is key j's draw. h is the QUERY head; i the row index (not
+// q_start + i). Every index is taken as a u32 (the contract's domain).
+EXLA_RS_DEVICE Philox4 dropout_draws4(unsigned k0, unsigned k1, unsigned b, unsigned h, unsigned i, unsigned quad) {
+  return philox4x32_10(quad, i, h, b, k0, k1);
+}
+
+// The dropout state a kernel needs, read once from the argument block: the key lives in device
+// memory (the operand), the threshold and scale come from the host.
+struct Dropout {
+  unsigned k0, k1, threshold;
+  float scale;  // 1 / (1 - rate), f32 from the host
+  // Only call when x.dropout_key is non-null.
+  EXLA_RS_DEVICE static Dropout load(const ExtraParams& x) {
+    Dropout d;
+    d.k0 = x.dropout_key[0];
+    d.k1 = x.dropout_key[1];
+    d.threshold = x.dropout_threshold;
+    d.scale = x.dropout_scale;
+    return d;
+  }
+  // M = 1 (kept) iff the draw is >= floor(rate * 2^32): integer compare only, as the contract says.
+  EXLA_RS_DEVICE bool keep(unsigned draw) const { return draw >= threshold; }
+  // One entry's keep bit: (b, h, i, j) with j < 2^34 (j div 4 is the counter's first word).
+  EXLA_RS_DEVICE bool keep(unsigned b, unsigned h, unsigned i, long long j) const {
+    const Philox4 r = dropout_draws4(k0, k1, b, h, i, (unsigned)(j >> 2));
+    return keep(r.x[j & 3]);
+  }
+};
+
+// ---------------------------------------------------------------------------------------------
+// Key mask: [B, Sk] integers of 1, 2, 4 or 8 bytes; nonzero = visible. `idx` = b * Sk + j.
+
+EXLA_RS_DEVICE bool key_mask_visible(const void* key_mask, int bytes, long long idx) {
+  switch (bytes) {
+    case 1: return static_cast<const unsigned char*>(key_mask)[idx] != 0;
+    case 2: return static_cast<const unsigned short*>(key_mask)[idx] != 0;
+    case 4: return static_cast<const unsigned*>(key_mask)[idx] != 0;
+    default: return static_cast<const unsigned long long*>(key_mask)[idx] != 0;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Bias: element (b, h, i, j) (h = query head) sits at b*stride_b + h*stride_h + i*stride_q +
+// j*stride_k, strides 0 on broadcast dimensions (the Host fills them from the operand's shape).
+
+EXLA_RS_DEVICE long long bias_offset(const ExtraParams& x, long long b, long long h, long long i, long long j) {
+  return b * x.bias_stride_b + h * x.bias_stride_h + i * x.bias_stride_q + j * x.bias_stride_k;
+}
+
+// The bias element types as tags, so a kernel switches on bias_dtype once, outside its loops, and
+// runs a loop specialised for one type (BiasF32::load etc.).
+struct BiasF32 {
+  static EXLA_RS_DEVICE float load(const void* bias, long long off) { return static_cast<const float*>(bias)[off]; }
+};
+struct BiasF16 {
+  static EXLA_RS_DEVICE float load(const void* bias, long long off) {
+    return F16::to_float(static_cast<const unsigned short*>(bias)[off]);
+  }
+};
+struct BiasBF16 {
+  static EXLA_RS_DEVICE float load(const void* bias, long long off) {
+    return BF16::to_float(static_cast<const unsigned short*>(bias)[off]);
+  }
+};
+
+// One element with the type switch inside (for code outside hot loops).
+EXLA_RS_DEVICE float bias_load(const void* bias, int dtype, long long off) {
+  switch (dtype) {
+    case 0: return BiasF32::load(bias, off);
+    case 1: return BiasF16::load(bias, off);
+    default: return BiasBF16::load(bias, off);
+  }
+}
+
+// Calls f(BiasTag{}) with the tag of bias_dtype: one specialised copy of f per type.
+template <class F>
+EXLA_RS_DEVICE void with_bias_type(int dtype, F&& f) {
+  if (dtype == 0)
+    f(BiasF32{});
+  else if (dtype == 1)
+    f(BiasF16{});
+  else
+    f(BiasBF16{});
+}
+
+// ---------------------------------------------------------------------------------------------
+// ALiBi: alpha = -slope[h] * |pos - j| with pos = q_start + i (64-bit in the contract). |pos - j|
+// is converted to f32 once (one rounding, as the Host does) and multiplied by the slope.
+
+EXLA_RS_DEVICE float alibi_term(float slope, long long pos, long long j) {
+  const long long d = pos - j;
+  return -slope * (float)(d < 0 ? -d : d);
+}
+
+// The tensor-core kernels keep scores in the exp2 domain, so they add alpha * log2(e) with one FMA
+// per element from a slope pre-multiplied by -log2(e) and an integer distance (the kernels work with
+// tile-relative 32-bit distances; alibi_rel clamps so that they never overflow).
+EXLA_RS_DEVICE int alibi_rel(long long pos, long long j0) {
+  const long long d = pos - j0;
+  constexpr long long kCap = 1LL << 30;  // |pos - j| >= 2^30: ALiBi beyond any real context length
+  return (int)(d > kCap ? kCap : (d < -kCap ? -kCap : d));
+}
+EXLA_RS_DEVICE float alibi_dist(int rel) { return (float)(rel < 0 ? -rel : rel); }
+
+// ---------------------------------------------------------------------------------------------
+// The bias gradient: dbias_accum (f32, laid out like the bias) += v, without reading the result
+// back (red, not atom): the sum's order does not matter and nothing waits for the old value.
+EXLA_RS_DEVICE void red_add_f32(float* addr, float v) {
+  asm volatile("red.global.add.f32 [%0], %1;" ::"l"(addr), "f"(v) : "memory");
+}
+
+}  // namespace exla_rs
