@@ -81,6 +81,23 @@ EXLA_RS_DEVICE bool key_mask_visible(const void* key_mask, int bytes, long long 
   }
 }
 
+// The key-mask bits of a key tile [n0, n0 + BN) (BN = 32 or 64) of batch row `mask_row` (= b * Sk):
+// bit k = key n0 + k is visible by key_mask, 0 past seq_k. Every warp reads the BN entries itself
+// (one or two per lane, coalesced) and ballots, so the result is warp-uniform and the same in every
+// warp: a block agrees on skipping a tile (all bits 0) without a barrier.
+template <int BN>
+EXLA_RS_DEVICE unsigned long long key_mask_tile_bits(const ExtraParams& x, long long mask_row, int n0, int seq_k, int lane) {
+  static_assert(BN == 32 || BN == 64, "key tile width");
+  unsigned long long bits = 0;
+#pragma unroll
+  for (int half = 0; half < BN / 32; ++half) {
+    const int key = n0 + half * 32 + lane;
+    const bool vis = key < seq_k && key_mask_visible(x.key_mask, x.key_mask_bytes, mask_row + key);
+    bits |= (unsigned long long)__ballot_sync(0xffffffffu, vis) << (32 * half);
+  }
+  return bits;
+}
+
 // ---------------------------------------------------------------------------------------------
 // Bias: element (b, h, i, j) (h = query head) sits at b*stride_b + h*stride_h + i*stride_q +
 // j*stride_k, strides 0 on broadcast dimensions (the Host fills them from the operand's shape).

@@ -5,6 +5,7 @@
 #pragma once
 
 #include "common.cuh"
+#include "extras.cuh"
 
 namespace exla_rs {
 
@@ -20,6 +21,64 @@ struct FwdTraits {
   static constexpr int kSmemBytes = (kBlockM * D + 4 * kBlockN * D) * 2;
   static_assert(D % 32 == 0 && D <= 256, "head dim");
 };
+
+// z += (bias + alibi) * log2(e) for this thread's fragment of one key tile, in the exp2 domain the
+// scores live in (so after scale and softcap, as the contract orders it). Element (j, 2r + hh) is
+// row row_a + 8r, key n0 + j*8 + tig*2 + hh. Keys past kv_end are hidden and may lie past Sk: their
+// bias is not read; rows past Sq are never stored: theirs neither.
+template <int BN, class BT>
+EXLA_RS_DEVICE void add_bias_tile(float (&s)[BN / 8][4], const FwdParams& p, int b, int h, int row_a, int n0, int tig,
+                                  int kv_end) {
+  const ExtraParams& x = p.x;
+  const int k_lim = kv_end - n0 - tig * 2;  // element offsets j*8 + hh below this are readable keys
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int row = row_a + 8 * r;
+    if (row >= p.seq_q) continue;
+    const long long base = bias_offset(x, b, h, row, n0 + tig * 2);
+#pragma unroll
+    for (int j = 0; j < BN / 8; ++j)
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh)
+        if (j * 8 + hh < k_lim) s[j][2 * r + hh] += BT::load(x.bias, base + (j * 8 + hh) * x.bias_stride_k) * kLog2e;
+  }
+}
+template <int BN>
+EXLA_RS_DEVICE void add_alibi_tile(float (&s)[BN / 8][4], float slope_l2, long long pos_a, int n0, int tig) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    // Distance of this row to the thread's first key of the tile; elements differ by compile-time offsets.
+    const int rel = alibi_rel(pos_a + 8 * r, n0 + tig * 2);
+#pragma unroll
+    for (int j = 0; j < BN / 8; ++j)
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) s[j][2 * r + hh] += slope_l2 * alibi_dist(rel - (j * 8 + hh));
+  }
+}
+
+// Dropout on this thread's P fragment of one key tile: P <- P * M (the 1 / (1 - rate) is applied in
+// the epilogue). Keys j*8 + tig*2 + {0, 1} of both rows need words (tig & 1)*2 + {0, 1} of one
+// Philox call per row (counter (key / 4, row, h, b)), and the partner thread tig ^ 1 needs the other
+// two words of the same calls: so each thread of the pair computes one row's call (even tig row_a,
+// odd tig row_a + 8) and they swap the half the other needs (2 shuffles instead of 2x the Philox).
+template <int BN>
+EXLA_RS_DEVICE void dropout_tile(float (&s)[BN / 8][4], const Dropout& dr, int b, int h, int row_a, int n0, int tig) {
+  const bool odd = tig & 1;
+  const unsigned my_row = (unsigned)(row_a + (odd ? 8 : 0));
+#pragma unroll
+  for (int j = 0; j < BN / 8; ++j) {
+    const unsigned quad = (unsigned)((n0 + j * 8) >> 2) + (unsigned)(tig >> 1);
+    const Philox4 w = dropout_draws4(dr.k0, dr.k1, (unsigned)b, (unsigned)h, my_row, quad);
+    const unsigned give0 = odd ? w.x[0] : w.x[2], give1 = odd ? w.x[1] : w.x[3];
+    const unsigned got0 = __shfl_xor_sync(0xffffffffu, give0, 1), got1 = __shfl_xor_sync(0xffffffffu, give1, 1);
+    const unsigned a0 = odd ? got0 : w.x[0], a1 = odd ? got1 : w.x[1];  // row_a, keys +0, +1
+    const unsigned b0 = odd ? w.x[2] : got0, b1 = odd ? w.x[3] : got1;  // row_a + 8
+    if (!dr.keep(a0)) s[j][0] = 0.f;
+    if (!dr.keep(a1)) s[j][1] = 0.f;
+    if (!dr.keep(b0)) s[j][2] = 0.f;
+    if (!dr.keep(b1)) s[j][3] = 0.f;
+  }
+}
 
 template <class T, int D>
 __device__ __forceinline__ void flash_fwd(const FwdParams& p) {
@@ -52,6 +111,22 @@ __device__ __forceinline__ void flash_fwd(const FwdParams& p) {
   mask.rows_keys(m0, m_end, k_lo, k_hi);
   const int n_first = k_lo / BN, n_last = (k_hi + BN - 1) / BN;  // tiles [n_first, n_last)
 
+  // Optional features (null pointer = absent; every test below is uniform across the block).
+  const ExtraParams& x = p.x;
+  const bool has_km = x.key_mask != nullptr;
+  const long long km_row = (long long)b * p.seq_k;
+  // The next tile from n on that key_mask does not hide entirely (n_last if none), and its mask
+  // bits (all ones without key_mask). A hidden tile is never loaded.
+  auto next_tile = [&](int n, unsigned long long& bits) {
+    bits = ~0ull;
+    if (has_km)
+      for (; n < n_last; ++n)
+        if ((bits = key_mask_tile_bits<BN>(x, km_row, n * BN, p.seq_k, lane)) != 0) break;
+    return n;
+  };
+  unsigned long long km_bits;
+  const int n_start = next_tile(n_first, km_bits);
+
   // Per thread: rows r = warp*16 + g (+8); O accumulators for D/8 column tiles of 8.
   float acc_o[D / 8][4];
 #pragma unroll
@@ -59,10 +134,10 @@ __device__ __forceinline__ void flash_fwd(const FwdParams& p) {
   float row_max[2] = {neg_inf(), neg_inf()};  // running max of s * log2(e)
   float row_sum[2] = {0.f, 0.f};              // this thread's share of the running sum
 
-  if (n_first < n_last) {
+  if (n_start < n_last) {
     load_tile_async<BM, D, NT>(sQ, gQ, m0, p.seq_q, q_stride, tid);
-    load_tile_async<BN, D, NT>(sK, gK, n_first * BN, mask.kv_end, kv_stride, tid);
-    load_tile_async<BN, D, NT>(sV, gV, n_first * BN, mask.kv_end, kv_stride, tid);
+    load_tile_async<BN, D, NT>(sK, gK, n_start * BN, mask.kv_end, kv_stride, tid);
+    load_tile_async<BN, D, NT>(sV, gV, n_start * BN, mask.kv_end, kv_stride, tid);
     cp_async_commit();
   }
   const float scale_log2 = p.scale * kLog2e;
@@ -73,11 +148,13 @@ __device__ __forceinline__ void flash_fwd(const FwdParams& p) {
   mask.row_keys(row_a, lo_r[0], hi_r[0]);
   mask.row_keys(row_a + 8, lo_r[1], hi_r[1]);
 
-  for (int n = n_first; n < n_last; ++n) {
-    const int stage = (n - n_first) & 1;
-    if (n + 1 < n_last) {  // prefetch the next tile into the other stage while this one computes
-      load_tile_async<BN, D, NT>(sK + (stage ^ 1) * BN * D, gK, (n + 1) * BN, mask.kv_end, kv_stride, tid);
-      load_tile_async<BN, D, NT>(sV + (stage ^ 1) * BN * D, gV, (n + 1) * BN, mask.kv_end, kv_stride, tid);
+  for (int n = n_start, it = 0; n < n_last; ++it) {
+    const int stage = it & 1;
+    unsigned long long km_bits_next;
+    const int n_next = next_tile(n + 1, km_bits_next);
+    if (n_next < n_last) {  // prefetch the next tile into the other stage while this one computes
+      load_tile_async<BN, D, NT>(sK + (stage ^ 1) * BN * D, gK, n_next * BN, mask.kv_end, kv_stride, tid);
+      load_tile_async<BN, D, NT>(sV + (stage ^ 1) * BN * D, gV, n_next * BN, mask.kv_end, kv_stride, tid);
     }
     cp_async_commit();
     cp_async_wait<1>();
@@ -104,7 +181,8 @@ __device__ __forceinline__ void flash_fwd(const FwdParams& p) {
 
     // Scores in the log2 domain; masked entries -inf (only tiles that straddle a bound test).
     const int n0 = n * BN;
-    const bool full = mask.tile_full(m0, m0 + BM, n0, n0 + BN);
+    // full: every element of the tile is visible (no key_mask hole either): no per-element test.
+    const bool full = mask.tile_full(m0, m0 + BM, n0, n0 + BN) && km_bits == ~0ull >> (64 - BN);
     if (p.softcap > 0.f) {  // uniform: the common path has no tanh in its loop
 #pragma unroll
       for (int j = 0; j < BN / 8; ++j)
@@ -116,16 +194,31 @@ __device__ __forceinline__ void flash_fwd(const FwdParams& p) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) s[j][e] *= scale_log2;
     }
+    // Bias and ALiBi after scale and softcap, before the masks: a hidden element becomes -inf
+    // whatever its bias (NaN included).
+    if (x.bias != nullptr)
+      with_bias_type(x.bias_dtype, [&](auto tag) { add_bias_tile<BN, decltype(tag)>(s, p, b, h, row_a, n0, tig, mask.kv_end); });
+    if (x.alibi_slopes != nullptr) add_alibi_tile<BN>(s, -x.alibi_slopes[h] * kLog2e, mask.q_start + row_a, n0, tig);
     if (!full) {
+      // Bit j * 8 + hh: this thread's element (j, hh) is visible by key_mask.
+      const unsigned long long km_mine = km_bits >> (tig * 2);
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         // Element (j, e) holds key n0 + j * 8 + tig * 2 + (e & 1): compare its compile-time part.
         const int a = lo_r[r] - n0 - tig * 2, z = hi_r[r] - n0 - tig * 2;
+        if (has_km) {
 #pragma unroll
-        for (int j = 0; j < BN / 8; ++j)
+          for (int j = 0; j < BN / 8; ++j)
 #pragma unroll
-          for (int h = 0; h < 2; ++h)
-            if (j * 8 + h < a || j * 8 + h >= z) s[j][2 * r + h] = neg_inf();
+            for (int h = 0; h < 2; ++h)
+              if (j * 8 + h < a || j * 8 + h >= z || !((km_mine >> (j * 8 + h)) & 1)) s[j][2 * r + h] = neg_inf();
+        } else {
+#pragma unroll
+          for (int j = 0; j < BN / 8; ++j)
+#pragma unroll
+            for (int h = 0; h < 2; ++h)
+              if (j * 8 + h < a || j * 8 + h >= z) s[j][2 * r + h] = neg_inf();
+        }
       }
     }
 
@@ -135,7 +228,8 @@ __device__ __forceinline__ void flash_fwd(const FwdParams& p) {
     // accumulator columns where a key its row does see is non-finite (the contract's result there
     // is not finite either), then the non-finite V elements become +0 for the product. Full tiles
     // need none of this: every row sees every key, so the natural propagation is the right one.
-    if (!full) {
+    // A bias of -inf hides elements of any tile the same way: then every tile takes this path.
+    if (!full || x.bias != nullptr) {
       int bad = 0;
 #pragma unroll 1  // the rare path stays small: it must not crowd the main loop's code or registers
       for (int c = tid; c < BN * D / 8; c += NT) bad |= nonfinite_chunk<T>(reinterpret_cast<const Chunk16*>(sVs)[c]);
@@ -145,10 +239,15 @@ __device__ __forceinline__ void flash_fwd(const FwdParams& p) {
           const int lo = imax(lo_r[r], n0), hi = imin(hi_r[r], n0 + BN);
           unsigned long long cols = 0;  // bit 2 dt + h: this thread's column dt * 8 + tig * 2 + h
 #pragma unroll 1
-          for (int key = lo; key < hi; ++key)
+          for (int key = lo; key < hi; ++key) {
+            if (!((km_bits >> (key - n0)) & 1)) continue;  // hidden by key_mask
+            if (x.bias != nullptr && row_a + 8 * r < p.seq_q &&
+                bias_load(x.bias, x.bias_dtype, bias_offset(x, b, h, row_a + 8 * r, key)) == neg_inf())
+              continue;  // a bias of -inf hides the element
 #pragma unroll 1
             for (int c = 0; c < D / 4; ++c)
               if (nonfinite1<T>(sVs[SwK::off(key - n0, (c >> 1) * 8 + tig * 2 + (c & 1))])) cols |= 1ull << c;
+          }
 #pragma unroll
           for (int dt = 0; dt < D / 8; ++dt) {
             if ((cols >> (2 * dt)) & 1) acc_o[dt][2 * r] = qnan();
@@ -181,13 +280,15 @@ __device__ __forceinline__ void flash_fwd(const FwdParams& p) {
         s[j][2 * r + 1] = ex2(s[j][2 * r + 1] - base);
         sum += s[j][2 * r] + s[j][2 * r + 1];
       }
-      row_sum[r] = row_sum[r] * alpha + sum;
+      row_sum[r] = row_sum[r] * alpha + sum;  // before dropout: the softmax is taken first
 #pragma unroll
       for (int d = 0; d < D / 8; ++d) {
         acc_o[d][2 * r] *= alpha;
         acc_o[d][2 * r + 1] *= alpha;
       }
     }
+
+    if (x.dropout_key != nullptr) dropout_tile<BN>(s, Dropout::load(x), b, h, row_a, n0, tig);
 
     // O += P V. The S accumulator layout of two n8 tiles is exactly the A fragment of one k16 step.
 #pragma unroll
@@ -206,16 +307,20 @@ __device__ __forceinline__ void flash_fwd(const FwdParams& p) {
       }
     }
     __syncthreads();  // this stage is reloaded by the next iteration's prefetch
+    n = n_next;
+    km_bits = km_bits_next;
   }
 
   // Epilogue: O / l and lse; rows nobody sees get o = 0, lse = -inf.
+  // With dropout, kept entries are scaled by 1 / (1 - rate): folded into 1 / l.
+  const float o_scale = x.dropout_key != nullptr ? x.dropout_scale : 1.f;
   float inv[2], lse[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     float l = row_sum[r];
     l += __shfl_xor_sync(0xffffffffu, l, 1);
     l += __shfl_xor_sync(0xffffffffu, l, 2);
-    inv[r] = l > 0.f ? 1.f / l : 0.f;
+    inv[r] = l > 0.f ? o_scale / l : 0.f;
     lse[r] = l > 0.f ? (row_max[r] + lg2(l)) * kLn2 : neg_inf();
   }
   if (tig == 0) {
