@@ -1,0 +1,440 @@
+// Forward attention for Hopper (sm_90a), FlashAttention-3's design: warp specialisation with a
+// TMA producer warp and two wgmma consumer warpgroups that take turns on the tensor cores.
+//
+// Block = 384 threads, one block per SM, persistent over the work tiles (128 query rows of one
+// head of one batch row), heaviest (causal: last) query tiles first.
+//   warpgroup 0 (producer, 40 registers): warp 0 loads Q once per tile and K/V tiles into a ring
+//     of kStages shared-memory stages with TMA (cp.async.bulk.tensor, SWIZZLE_128B), each
+//     completing on an mbarrier; it zeroes the V rows past kv_len (the tensor cores multiply
+//     P = 0 by them, and 0 * NaN = NaN) before it hands such a stage over.
+//   warpgroups 1 and 2 (consumers, 232 registers each): 64 query rows each. S = Q K^T with wgmma
+//     SS (both operands K-major in shared memory), softmax in registers (exp2 domain, masks only
+//     on tiles that straddle a bound), O += P V with wgmma RS: P is the S accumulator re-packed in
+//     registers, V is read MN-major (transposed by the instruction). Each consumer issues the
+//     next S product and the previous P V product together, inside its turn (a named-barrier
+//     ping-pong), then does its softmax while the other consumer's products run.
+// Semantics are the contract's (docs/flash-attention-contract.md) without the optional operands:
+// the launcher (src/sm90.rs) keeps calls with key_mask / bias / ALiBi / dropout on mma.sync.
+#pragma once
+
+#include "../common.cuh"
+#include "hopper.cuh"
+#include "wgmma_ops.cuh"
+
+namespace exla_rs {
+namespace sm90 {
+
+template <int D>
+struct FwdTraits {
+  static_assert(D == 64 || D == 128 || D == 256, "sm90 forward head dims: 64, 128, 256");
+  static constexpr int kHeadDim = D;
+  static constexpr int kConsumers = 2;
+  static constexpr int kThreads = 128 * (1 + kConsumers);
+  static constexpr int kRowsPerConsumer = 64;  // one wgmma M
+  static constexpr int kBlockM = kRowsPerConsumer * kConsumers;
+  // S (kBlockN / 2 floats) and O (D / 2) both live in a consumer's registers: D = 256 halves N.
+  static constexpr int kBlockN = D <= 128 ? 128 : 64;
+  static constexpr int kStages = D <= 64 ? 3 : 2;
+  static constexpr int kColBlocks = D / 64;  // 64-element (128-byte) column blocks per tile row
+  static constexpr int kQBytes = kBlockM * D * 2;
+  static constexpr int kKVBytes = kBlockN * D * 2;
+  static constexpr int kProducerRegs = 40;
+  static constexpr int kConsumerRegs = 232;  // 128 * 40 + 256 * 232 <= 65536
+  // Shared memory: Q | K stages | V stages | mbarriers, every tile 1024-byte aligned (swizzle atom).
+  static constexpr int kQOffset = 0;
+  static constexpr int kKOffset = kQOffset + kQBytes;
+  static constexpr int kVOffset = kKOffset + kStages * kKVBytes;
+  static constexpr int kBarOffset = kVOffset + kStages * kKVBytes;
+  static constexpr int kBarriers = 3 + 4 * kStages;  // q_full, q_empty, v_raw, k/v full/empty
+  static constexpr int kSmemBytes = kBarOffset + kBarriers * 8 + 1024;  // + alignment slack
+  // Consumer warps that release a stage (lane 0 of each, after its warpgroup's wgmma wait).
+  static constexpr int kReleasers = kConsumers * 4;
+  static constexpr int kTurnBarrier = 1;  // named barriers 1 and 2: consumer c's turn
+};
+
+struct FwdBarriers {
+  u64* q_full;
+  u64* q_empty;
+  u64* v_raw;  // V tiles that need rows zeroed land here first (producer-private)
+  u64* k_full;
+  u64* k_empty;
+  u64* v_full;
+  u64* v_empty;
+};
+
+template <class Tr>
+EXLA_RS_SM90 FwdBarriers fwd_barriers(unsigned char* smem) {
+  u64* b = reinterpret_cast<u64*>(smem + Tr::kBarOffset);
+  constexpr int S = Tr::kStages;
+  return {b, b + 1, b + 2, b + 3, b + 3 + S, b + 3 + 2 * S, b + 3 + 3 * S};
+}
+
+// One work tile: 128 query rows of one (batch, head). Heaviest first: under a causal mask the last
+// query tiles see the most keys, so they start first and the short ones fill the tail.
+struct WorkTile {
+  int m_block, head, batch;
+};
+
+EXLA_RS_SM90 WorkTile work_tile(int t, int m_blocks, int heads, int batch) {
+  int hb = heads * batch;
+  int rest = t % hb;
+  return {m_blocks - 1 - t / hb, rest % heads, rest / heads};
+}
+
+// The contract's visible keys of a query at position `pos` form the interval [lo, hi).
+struct KeyInterval {
+  long long window_left, window_right;
+  int kv;  // kv_len clamped to [0, Sk]
+
+  EXLA_RS_SM90 int lo(long long pos) const {
+    if (window_left < 0) return 0;
+    long long x = pos - window_left;
+    return x < 0 ? 0 : (x > kv ? kv : static_cast<int>(x));
+  }
+  EXLA_RS_SM90 int hi(long long pos) const {
+    if (window_right < 0) return kv;
+    long long x = pos + window_right + 1;
+    return x < 0 ? 0 : (x > kv ? kv : static_cast<int>(x));
+  }
+};
+
+// The key blocks a range of query rows visits: [first, last) in kBlockN units (lo and hi are
+// monotone in the row, so the first row bounds lo and the last row bounds hi).
+struct KeyBlocks {
+  int first, count;
+};
+
+template <class Tr>
+EXLA_RS_SM90 KeyBlocks key_blocks(const KeyInterval& ki, long long pos_first, long long pos_last) {
+  int lo = ki.lo(pos_first), hi = ki.hi(pos_last);
+  if (hi <= lo) return {0, 0};
+  int first = lo / Tr::kBlockN;
+  return {first, (hi + Tr::kBlockN - 1) / Tr::kBlockN - first};
+}
+
+EXLA_RS_SM90 float exp2_approx(float x) {
+  float r;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
+  return r;
+}
+EXLA_RS_SM90 float tanh_approx(float x) {
+  float r;
+  asm("tanh.approx.f32 %0, %1;" : "=f"(r) : "f"(x));
+  return r;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Descriptor addresses (kernels/sm90/emulate_wgmma.py computes the same numbers).
+// Q and K are K-major: a k-step of 16 elements moves 32 bytes inside a 128-byte swizzled row
+// (the hardware applies the swizzle to the final address), and every 4 k-steps the next column
+// block. V is MN-major (head dim contiguous): a k-step of 16 keys is two whole 8-row atoms,
+// and the N extent (head dim) crosses column blocks at the leading byte offset.
+
+template <class Tr>
+EXLA_RS_SM90 unsigned kmajor_kstep_offset(int kk, int rows_in_block) {
+  return (kk / 4) * rows_in_block * kSwizzleRowBytes + (kk % 4) * 32;
+}
+
+template <class Tr>
+EXLA_RS_SM90 unsigned v_kstep_offset(int kk) {
+  return kk * 16 * kSwizzleRowBytes;
+}
+
+template <class Tr>
+EXLA_RS_SM90 u64 v_desc(unsigned v_stage_addr, int kk) {
+  return smem_desc(v_stage_addr + v_kstep_offset<Tr>(kk), Tr::kBlockN * kSwizzleRowBytes, kAtomBytes);
+}
+
+// ---------------------------------------------------------------------------------------------
+
+template <class T, class Tr>
+EXLA_RS_SM90 void fwd_producer(const FwdParams& p, const TensorMap* tq, const TensorMap* tk, const TensorMap* tv,
+                               unsigned char* smem, const FwdBarriers& bar) {
+  const int lane = threadIdx.x % 32;
+  const int m_blocks = (p.seq_q + Tr::kBlockM - 1) / Tr::kBlockM;
+  const int tiles = m_blocks * p.heads * p.batch;
+  const int group = p.heads / p.kv_heads;
+  int kv_iter = 0, q_iter = 0;
+  unsigned raw_phase = 0;
+  if (lane == 0) {
+    tma_prefetch_map(tq);
+    tma_prefetch_map(tk);
+    tma_prefetch_map(tv);
+  }
+  for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
+    const WorkTile w = work_tile(t, m_blocks, p.heads, p.batch);
+    const int m0 = w.m_block * Tr::kBlockM;
+    const int kv = imax(0, imin(p.kv_len[w.batch], p.seq_k));
+    const KeyInterval ki{p.window_left, p.window_right, kv};
+    const long long pos0 = static_cast<long long>(p.q_start[w.batch]) + m0;
+    const KeyBlocks kb = key_blocks<Tr>(ki, pos0, pos0 + imin(Tr::kBlockM, p.seq_q - m0) - 1);
+    if (kb.count == 0) continue;
+    const int kv_head = w.head / group;
+    if (lane == 0) {
+      mbar_wait(bar.q_empty, (q_iter & 1) ^ 1);
+      mbar_arrive_expect_tx(bar.q_full, Tr::kQBytes);
+      for (int c = 0; c < Tr::kColBlocks; ++c)
+        tma_load_4d(tq, bar.q_full, smem + Tr::kQOffset + c * Tr::kBlockM * kSwizzleRowBytes, c * 64, m0, w.head,
+                    w.batch);
+    }
+    ++q_iter;
+    for (int i = 0; i < kb.count; ++i, ++kv_iter) {
+      const int n0 = (kb.first + kb.count - 1 - i) * Tr::kBlockN;  // last (straddling) block first
+      const int stage = kv_iter % Tr::kStages;
+      const unsigned phase = (kv_iter / Tr::kStages) & 1;
+      unsigned char* k_dst = smem + Tr::kKOffset + stage * Tr::kKVBytes;
+      unsigned char* v_dst = smem + Tr::kVOffset + stage * Tr::kKVBytes;
+      // Keys in [kv, Sk) are padding the contract lets hold anything; keys >= Sk arrive as zeros.
+      const int pad_from = kv - n0;
+      const bool pad = pad_from < Tr::kBlockN && kv < p.seq_k;
+      if (lane == 0) {
+        mbar_wait(bar.k_empty + stage, phase ^ 1);
+        mbar_arrive_expect_tx(bar.k_full + stage, Tr::kKVBytes);
+        for (int c = 0; c < Tr::kColBlocks; ++c)
+          tma_load_4d(tk, bar.k_full + stage, k_dst + c * Tr::kBlockN * kSwizzleRowBytes, c * 64, n0, kv_head, w.batch);
+        mbar_wait(bar.v_empty + stage, phase ^ 1);
+        u64* done = pad ? bar.v_raw : bar.v_full + stage;
+        mbar_arrive_expect_tx(done, Tr::kKVBytes);
+        for (int c = 0; c < Tr::kColBlocks; ++c)
+          tma_load_4d(tv, done, v_dst + c * Tr::kBlockN * kSwizzleRowBytes, c * 64, n0, kv_head, w.batch);
+      }
+      if (pad) {
+        // Whole 128-byte rows: the swizzle permutes chunks within a row, so row r of a column
+        // block is bytes [r * 128, r * 128 + 128) whatever the swizzle.
+        __syncwarp();
+        mbar_wait(bar.v_raw, raw_phase);
+        raw_phase ^= 1;
+        const int first = imax(pad_from, 0);
+        const int chunks = (Tr::kBlockN - first) * 8;  // 16-byte chunks per column block
+        for (int c = 0; c < Tr::kColBlocks; ++c) {
+          Chunk16* base = reinterpret_cast<Chunk16*>(v_dst + c * Tr::kBlockN * kSwizzleRowBytes + first * kSwizzleRowBytes);
+          for (int x = lane; x < chunks; x += 32) base[x] = Chunk16{0, 0, 0, 0};
+        }
+        fence_proxy_async_smem();
+        __syncwarp();
+        if (lane == 0) mbar_arrive(bar.v_full + stage);
+      }
+    }
+  }
+}
+
+template <class T, class Tr>
+EXLA_RS_SM90 void fwd_consumer(const FwdParams& p, unsigned char* smem, const FwdBarriers& bar, int consumer) {
+  constexpr int D = Tr::kHeadDim;
+  constexpr int BN = Tr::kBlockN;
+  constexpr int kSAcc = BN / 2;   // S accumulator floats per thread (m64 x BN over 128 threads)
+  constexpr int kOAcc = D / 2;    // O accumulator floats per thread
+  constexpr int kPSteps = BN / 16;  // k-steps of P V (16 keys each)
+  constexpr int kQSteps = D / 16;   // k-steps of Q K^T
+  using Storage = typename T::Storage;
+
+  const int tid = threadIdx.x % 128;
+  const int warp = tid / 32, lane = tid % 32;
+  const int quad_col = (lane % 4) * 2;  // first of the two columns this thread holds per 8-group
+  // Accumulator layout (PTX ISA, wgmma D fragment): warp w holds rows 16w..16w+15 of the 64;
+  // element e is row lane/4 + 8 * ((e / 2) % 2), column 8 * (e / 4) + 2 * (lane % 4) + e % 2.
+  const int row_in_tile = consumer * Tr::kRowsPerConsumer + warp * 16 + lane / 4;  // and + 8
+  const int turn_mine = Tr::kTurnBarrier + consumer, turn_other = Tr::kTurnBarrier + 1 - consumer;
+
+  const int m_blocks = (p.seq_q + Tr::kBlockM - 1) / Tr::kBlockM;
+  const int tiles = m_blocks * p.heads * p.batch;
+  const float scale_log2 = p.scale * kLog2e;
+  const bool softcap = p.softcap > 0.f;
+  const float cap_in = p.scale * p.softcap_inv, cap_out = p.softcap * kLog2e;
+
+  const unsigned q_addr = smem_addr(smem + Tr::kQOffset) + consumer * Tr::kRowsPerConsumer * kSwizzleRowBytes;
+  const unsigned k_addr = smem_addr(smem + Tr::kKOffset);
+  const unsigned v_addr = smem_addr(smem + Tr::kVOffset);
+
+  if (consumer == 1) named_arrive(Tr::kTurnBarrier, 256);  // consumer 0 takes the first turn
+  int kv_iter = 0, q_iter = 0;
+
+  for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
+    const WorkTile w = work_tile(t, m_blocks, p.heads, p.batch);
+    const int m0 = w.m_block * Tr::kBlockM;
+    const int kv = imax(0, imin(p.kv_len[w.batch], p.seq_k));
+    const KeyInterval ki{p.window_left, p.window_right, kv};
+    const long long pos0 = static_cast<long long>(p.q_start[w.batch]) + m0;
+    const int valid_rows = imin(Tr::kBlockM, p.seq_q - m0);
+    const KeyBlocks kb = key_blocks<Tr>(ki, pos0, pos0 + valid_rows - 1);
+
+    // This thread's two rows and their key intervals; this warpgroup's bounds decide which
+    // tiles need the element test (rows past Sq are clamped: they are never stored).
+    const int r0 = imin(row_in_tile, valid_rows - 1), r1 = imin(row_in_tile + 8, valid_rows - 1);
+    const int lo0 = ki.lo(pos0 + r0), hi0 = ki.hi(pos0 + r0);
+    const int lo1 = ki.lo(pos0 + r1), hi1 = ki.hi(pos0 + r1);
+    const int wg_first = imin(consumer * Tr::kRowsPerConsumer, valid_rows - 1);
+    const int wg_last = imin(consumer * Tr::kRowsPerConsumer + Tr::kRowsPerConsumer - 1, valid_rows - 1);
+    const int wg_lo_max = ki.lo(pos0 + wg_last), wg_hi_min = ki.hi(pos0 + wg_first);
+
+    float o[kOAcc];
+#pragma unroll
+    for (int e = 0; e < kOAcc; ++e) o[e] = 0.f;
+    float m_run[2] = {neg_inf(), neg_inf()}, l_run[2] = {0.f, 0.f};
+
+    if (kb.count > 0) {
+      mbar_wait(bar.q_full, q_iter & 1);
+      ++q_iter;
+      unsigned pf[kPSteps][4];
+      int prev_stage = 0;
+      unsigned prev_phase = 0;
+      for (int i = 0; i < kb.count; ++i, ++kv_iter) {
+        const int n0 = (kb.first + kb.count - 1 - i) * BN;
+        const int stage = kv_iter % Tr::kStages;
+        const unsigned phase = (kv_iter / Tr::kStages) & 1;
+        const unsigned k_stage = k_addr + stage * Tr::kKVBytes;
+        float s[kSAcc];
+        mbar_wait(bar.k_full + stage, phase);
+        if (i > 0) mbar_wait(bar.v_full + prev_stage, prev_phase);
+        named_sync(turn_mine, 256);
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < kQSteps; ++kk) {
+          u64 da = smem_desc(q_addr + kmajor_kstep_offset<Tr>(kk, Tr::kBlockM), 16, kAtomBytes);
+          u64 db = smem_desc(k_stage + kmajor_kstep_offset<Tr>(kk, BN), 16, kAtomBytes);
+          wgmma_ss<T>(s, da, db, kk > 0 ? 1 : 0);
+        }
+        wgmma_commit();
+        if (i > 0) {
+          const unsigned v_stage = v_addr + prev_stage * Tr::kKVBytes;
+#pragma unroll
+          for (int kk = 0; kk < kPSteps; ++kk) wgmma_rs<T, 1>(o, pf[kk], v_desc<Tr>(v_stage, kk), 1);
+          wgmma_commit();
+        }
+        named_arrive(turn_other, 256);
+        if (i > 0) {
+          wgmma_wait<1>();
+        } else {
+          wgmma_wait<0>();
+        }
+#pragma unroll
+        for (int e = 0; e < kSAcc; ++e) pin(s[e]);
+        if (lane == 0) mbar_arrive(bar.k_empty + stage);
+        if (i == kb.count - 1 && lane == 0) mbar_arrive(bar.q_empty);  // last read of Q
+
+        // Scores in the exp2 domain; the element test only where the tile straddles a bound.
+#pragma unroll
+        for (int e = 0; e < kSAcc; ++e)
+          s[e] = softcap ? tanh_approx(s[e] * cap_in) * cap_out : s[e] * scale_log2;
+        if (!(n0 >= wg_lo_max && n0 + BN <= wg_hi_min)) {
+          const int a0 = lo0 - n0, b0 = hi0 - n0, a1 = lo1 - n0, b1 = hi1 - n0;
+#pragma unroll
+          for (int e = 0; e < kSAcc; ++e) {
+            const int col = (e / 4) * 8 + quad_col + (e % 2);
+            const bool upper = (e / 2) % 2;
+            const int a = upper ? a1 : a0, b = upper ? b1 : b0;
+            if (col < a || col >= b) s[e] = neg_inf();
+          }
+        }
+        float corr[2];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          float mx = m_run[h];
+#pragma unroll
+          for (int e = 0; e < kSAcc; ++e)
+            if ((e / 2) % 2 == h) mx = fmaxf(mx, s[e]);
+          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+          const float use = mx == neg_inf() ? 0.f : mx;  // a row with no key yet: exp2(-inf) = 0
+          corr[h] = exp2_approx(m_run[h] - use);
+          m_run[h] = mx;
+          float sum = 0.f;
+#pragma unroll
+          for (int e = 0; e < kSAcc; ++e)
+            if ((e / 2) % 2 == h) {
+              s[e] = exp2_approx(s[e] - use);
+              sum += s[e];
+            }
+          l_run[h] = l_run[h] * corr[h] + sum;
+        }
+        if (i > 0) {
+          wgmma_wait<0>();  // P V of the previous tile: its P registers and V stage are free now
+#pragma unroll
+          for (int e = 0; e < kOAcc; ++e) pin(o[e]);
+          if (lane == 0) mbar_arrive(bar.v_empty + prev_stage);
+        }
+#pragma unroll
+        for (int e = 0; e < kOAcc; ++e) o[e] *= corr[(e / 2) % 2];
+        // The S accumulator of 16 keys is exactly the A fragment of P V (rows lane/4 and +8,
+        // columns 2 * (lane % 4) and + 8): re-pack in registers, rounded to the input type.
+#pragma unroll
+        for (int kk = 0; kk < kPSteps; ++kk)
+#pragma unroll
+          for (int j = 0; j < 4; ++j) pf[kk][j] = T::pack2(s[8 * kk + 2 * j], s[8 * kk + 2 * j + 1]);
+        prev_stage = stage;
+        prev_phase = phase;
+      }
+      mbar_wait(bar.v_full + prev_stage, prev_phase);
+      named_sync(turn_mine, 256);
+      wgmma_fence();
+      const unsigned v_stage = v_addr + prev_stage * Tr::kKVBytes;
+#pragma unroll
+      for (int kk = 0; kk < kPSteps; ++kk) wgmma_rs<T, 1>(o, pf[kk], v_desc<Tr>(v_stage, kk), 1);
+      wgmma_commit();
+      named_arrive(turn_other, 256);
+      wgmma_wait<0>();
+#pragma unroll
+      for (int e = 0; e < kOAcc; ++e) pin(o[e]);
+      if (lane == 0) mbar_arrive(bar.v_empty + prev_stage);
+    }
+
+    // Epilogue: o / l and lse per row; a row that saw no key has l = 0: o = 0, lse = -inf.
+    float inv[2], lse[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float l = l_run[h];
+      l += __shfl_xor_sync(0xffffffffu, l, 1);
+      l += __shfl_xor_sync(0xffffffffu, l, 2);
+      const float m = m_run[h] == neg_inf() ? 0.f : m_run[h];
+      inv[h] = l > 0.f ? 1.f / l : 0.f;
+      lse[h] = l > 0.f ? (m + __log2f(l)) * kLn2 : neg_inf();
+    }
+    Storage* out = static_cast<Storage*>(p.o);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int row = row_in_tile + 8 * h;
+      if (row >= valid_rows) continue;
+      const long long i = m0 + row;
+      unsigned* dst = reinterpret_cast<unsigned*>(
+          out + ((static_cast<long long>(w.batch) * p.seq_q + i) * p.heads + w.head) * D + quad_col);
+#pragma unroll
+      for (int g = 0; g < D / 8; ++g) dst[g * 4] = T::pack2(o[4 * g + 2 * h] * inv[h], o[4 * g + 2 * h + 1] * inv[h]);
+      if (lane % 4 == 0) p.lse[(static_cast<long long>(w.batch) * p.heads + w.head) * p.seq_q + i] = lse[h];
+    }
+  }
+  if (consumer == 0) named_sync(Tr::kTurnBarrier, 256);  // pairs with consumer 1's last hand-over
+}
+
+template <class T, int D>
+EXLA_RS_SM90 void flash_fwd(const FwdParams& p, const TensorMap* tq, const TensorMap* tk, const TensorMap* tv) {
+  using Tr = FwdTraits<D>;
+  extern __shared__ unsigned char smem_raw[];
+  // Swizzle atoms must start 1024-byte aligned in the shared window.
+  const unsigned raw = smem_addr(smem_raw);
+  unsigned char* smem = smem_raw + (((raw + 1023u) & ~1023u) - raw);
+  const FwdBarriers bar = fwd_barriers<Tr>(smem);
+  if (threadIdx.x == 0) {
+    mbar_init(bar.q_full, 1);
+    mbar_init(bar.q_empty, Tr::kReleasers);
+    mbar_init(bar.v_raw, 1);
+    for (int s = 0; s < Tr::kStages; ++s) {
+      mbar_init(bar.k_full + s, 1);
+      mbar_init(bar.v_full + s, 1);
+      mbar_init(bar.k_empty + s, Tr::kReleasers);
+      mbar_init(bar.v_empty + s, Tr::kReleasers);
+    }
+    fence_barrier_init();
+  }
+  __syncthreads();
+  const int warpgroup = threadIdx.x / 128;
+  if (warpgroup == 0) {
+    regs_release<Tr::kProducerRegs>();
+    if (threadIdx.x / 32 == 0) fwd_producer<T, Tr>(p, tq, tk, tv, smem, bar);
+  } else {
+    regs_claim<Tr::kConsumerRegs>();
+    fwd_consumer<T, Tr>(p, smem, bar, warpgroup - 1);
+  }
+}
+
+}  // namespace sm90
+}  // namespace exla_rs
