@@ -69,6 +69,24 @@ struct Dropout {
   }
 };
 
+// The 4 x 4 transpose of u32 words across the 4 lanes of a group whose lane ids differ in bits 2
+// and 3 (lane = 4 g + tig, w = g & 3): lane w enters with a[k] = word k of Philox call w and leaves
+// with a[e] = word w of call e. Two butterfly levels (lane distance 4, then 8); at each, a lane
+// swaps with its partner the two words whose index bit differs from its own w bit.
+EXLA_RS_DEVICE void transpose4_lanes(unsigned (&a)[4], int w) {
+  const bool w1 = w & 1, w2 = w & 2;
+#pragma unroll
+  for (int t = 0; t < 2; ++t) {  // index bit 0, partner lane ^ 4
+    const unsigned got = __shfl_xor_sync(0xffffffffu, w1 ? a[2 * t] : a[2 * t + 1], 4);
+    if (w1) a[2 * t] = got; else a[2 * t + 1] = got;
+  }
+#pragma unroll
+  for (int t = 0; t < 2; ++t) {  // index bit 1, partner lane ^ 8
+    const unsigned got = __shfl_xor_sync(0xffffffffu, w2 ? a[t] : a[t + 2], 8);
+    if (w2) a[t] = got; else a[t + 2] = got;
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Key mask: [B, Sk] integers of 1, 2, 4 or 8 bytes; nonzero = visible. `idx` = b * Sk + j.
 
@@ -109,17 +127,26 @@ EXLA_RS_DEVICE long long bias_offset(const ExtraParams& x, long long b, long lon
 // The bias element types as tags, so a kernel switches on bias_dtype once, outside its loops, and
 // runs a loop specialised for one type (BiasF32::load etc.).
 struct BiasF32 {
+  static constexpr bool kPresent = true;
   static EXLA_RS_DEVICE float load(const void* bias, long long off) { return static_cast<const float*>(bias)[off]; }
 };
 struct BiasF16 {
+  static constexpr bool kPresent = true;
   static EXLA_RS_DEVICE float load(const void* bias, long long off) {
     return F16::to_float(static_cast<const unsigned short*>(bias)[off]);
   }
 };
 struct BiasBF16 {
+  static constexpr bool kPresent = true;
   static EXLA_RS_DEVICE float load(const void* bias, long long off) {
     return BF16::to_float(static_cast<const unsigned short*>(bias)[off]);
   }
+};
+
+// Bias tag for "no bias operand": the kernels' extras loops take it where x.bias is null.
+struct NoBias {
+  static constexpr bool kPresent = false;
+  static EXLA_RS_DEVICE float load(const void*, long long) { return 0.f; }
 };
 
 // One element with the type switch inside (for code outside hot loops).
@@ -131,7 +158,8 @@ EXLA_RS_DEVICE float bias_load(const void* bias, int dtype, long long off) {
   }
 }
 
-// Calls f(BiasTag{}) with the tag of bias_dtype: one specialised copy of f per type.
+// Calls f(BiasTag{}) with the tag of bias_dtype: one specialised copy of f per type. Without a
+// bias operand (bias null) the _or_none form calls f(NoBias{}).
 template <class F>
 EXLA_RS_DEVICE void with_bias_type(int dtype, F&& f) {
   if (dtype == 0)
@@ -140,6 +168,13 @@ EXLA_RS_DEVICE void with_bias_type(int dtype, F&& f) {
     f(BiasF16{});
   else
     f(BiasBF16{});
+}
+template <class F>
+EXLA_RS_DEVICE void with_bias_type_or_none(const ExtraParams& x, F&& f) {
+  if (x.bias == nullptr)
+    f(NoBias{});
+  else
+    with_bias_type(x.bias_dtype, f);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -14,6 +14,7 @@
 #pragma once
 
 #include "common.cuh"
+#include "extras.cuh"
 
 namespace exla_rs {
 
@@ -33,6 +34,28 @@ struct BwdTraits {
       (2 * kBlockN * D + 2 * kBlockM * D + kBlockN * kBlockM) * 2 + 2 * kBlockM * 4 + kBlockN * 4;
   static_assert(D % 32 == 0 && D <= 256 && kDW % 16 == 0, "head dim");
 };
+
+// Dropout keep bits of this thread's S^T fragment for one step: bit j*4 + e = element (j, e) (query
+// m0 + j*8 + tig*2 + (e & 1), key key_a + (e >> 1)*8) is kept. The 4 lanes with the same tig and
+// g div 4 need all 4 words of the same Philox calls (their keys are 4 consecutive ones, word g mod 4
+// each): lane w = g mod 4 computes the call of element e = w and a 4 x 4 transpose across the
+// group hands every lane its word of each call: one Philox per 4 elements instead of 4.
+template <int BM>
+EXLA_RS_DEVICE unsigned dropout_keep_bits_t(const Dropout& dr, int b, int h, int m0, int key_warp0, int g, int tig) {
+  const int w = g & 3;
+  const unsigned quad = (unsigned)((key_warp0 + (g & ~3) + (w >> 1) * 8) >> 2);
+  unsigned bits = 0;
+#pragma unroll 1  // the Philox rounds are long: one copy in the code, not BM / 8
+  for (int j = 0; j < BM / 8; ++j) {
+    const unsigned query = (unsigned)(m0 + j * 8 + tig * 2 + (w & 1));
+    const Philox4 r = dropout_draws4(dr.k0, dr.k1, (unsigned)b, (unsigned)h, query, quad);
+    unsigned a[4] = {r.x[0], r.x[1], r.x[2], r.x[3]};
+    transpose4_lanes(a, w);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) bits |= (unsigned)dr.keep(a[e]) << (j * 4 + e);
+  }
+  return bits;
+}
 
 template <class T, int D>
 __device__ __forceinline__ void flash_bwd(const BwdParams& p) {
@@ -73,6 +96,14 @@ __device__ __forceinline__ void flash_bwd(const BwdParams& p) {
 
   int q_lo, q_hi;
   mask.keys_rows(n0, n0 + BN, q_lo, q_hi);
+  const ExtraParams& x = p.x;
+  // key_mask: one bit per key of the block (warp-uniform). A block whose keys are all hidden has
+  // nothing to sweep (dK = dV = 0) and loads nothing.
+  unsigned long long km_bits = ~0ull >> (64 - BN);
+  if (x.key_mask != nullptr) {
+    km_bits = key_mask_tile_bits<BN>(x, (long long)b * p.seq_k, n0, p.seq_k, lane);
+    if (km_bits == 0) q_lo = q_hi = 0;
+  }
   if (q_lo < q_hi) {
     load_tile_async<BN, D, NT>(sK, gK, n0, mask.kv_end, kv_stride, tid);
     load_tile_async<BN, D, NT>(sV, gV, n0, mask.kv_end, kv_stride, tid);
@@ -85,6 +116,15 @@ __device__ __forceinline__ void flash_bwd(const BwdParams& p) {
   int qlo[2], qhi[2];
   mask.keys_rows(key_a, key_a + 1, qlo[0], qhi[0]);
   mask.keys_rows(key_a + 8, key_a + 9, qlo[1], qhi[1]);
+#pragma unroll
+  for (int r = 0; r < 2; ++r)  // a key hidden by key_mask: no query sees it
+    if (!((km_bits >> (key_a + 8 * r - n0)) & 1)) qlo[r] = qhi[r] = 0;
+  const bool km_full = km_bits == ~0ull >> (64 - BN);
+  // Any feature that touches the elementwise step (key_mask alone only narrows the intervals).
+  const bool extras = x.bias != nullptr || x.alibi_slopes != nullptr || x.dropout_key != nullptr || p.dbias_accum != nullptr;
+  // Sqb = 1 with bias_grad: this thread's dZ sums for its two keys, over the queries (and heads,
+  // while they share the entry) of the steps so far; flushed with one atomic per entry.
+  float dbias_keys[2] = {0.f, 0.f};
 
   // Steps: (query head of the group, query tile) pairs, flattened so that the loads of step t + 1
   // can be issued while step t computes dQ (which reads only dS^T and K).
@@ -172,10 +212,95 @@ __device__ __forceinline__ void flash_bwd(const BwdParams& p) {
       }
 
       // Elementwise: st <- P^T, dpt <- dS^T (without the final `scale`, applied at the end).
-      const bool full = mask.tile_full(m0, m0 + BM, n0, n0 + BN);
+      const bool full = km_full && mask.tile_full(m0, m0 + BM, n0, n0 + BN);
       // Element (j, e) is query m0 + j * 8 + tig * 2 + (e & 1) of key key_a + (e >> 1) * 8.
       const int qa[2] = {qlo[0] - m0 - tig * 2, qlo[1] - m0 - tig * 2};
       const int qz[2] = {qhi[0] - m0 - tig * 2, qhi[1] - m0 - tig * 2};
+      if (extras) {
+        // The same step with the contract's optional features: z = s + bias + alibi (exp2 domain),
+        // P^T <- P^T * M * scale_drop, dZ = P (M * scale_drop * dP - delta), dS = dZ softcap'(s),
+        // and dZ into dbias_accum (summed over the broadcast dimensions this thread/warp covers).
+        const bool has_drop = x.dropout_key != nullptr, has_alibi = x.alibi_slopes != nullptr;
+        const unsigned keep_bits = has_drop ? dropout_keep_bits_t<BM>(Dropout::load(x), b, h, m0, n0 + ks * 16, g, tig) : ~0u;
+        const float drop_scale = has_drop ? x.dropout_scale : 1.f;
+        const float slope_l2 = has_alibi ? -x.alibi_slopes[h] * kLog2e : 0.f;
+        const int rel = alibi_rel(mask.q_start + m0 + tig * 2, key_a);  // position - key of element (0, 0)
+        const int q_lim = p.seq_q - m0 - tig * 2;  // element query offsets below this are rows < Sq
+        const int k_lim = mask.kv_end - key_a;      // key offsets (0, 8) below this are keys < kv_end
+        const long long bias_base = bias_offset(x, b, h, m0 + tig * 2, key_a);  // element (0, 0)
+        const long long bsq = x.bias_stride_q, bsk = x.bias_stride_k;
+        float* dbias = p.dbias_accum;
+        with_bias_type_or_none(x, [&](auto tag) {
+          using BT = decltype(tag);
+#pragma unroll
+          for (int j = 0; j < BM / 8; ++j) {
+            float dz4[4];
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              const int ql = j * 8 + tig * 2 + (e & 1);
+              const int qc = j * 8 + (e & 1), kc = (e >> 1) * 8;  // query / key offsets from element (0, 0)
+              const float l2 = sLse[ql];
+              const float s0 = p.softcap > 0.f ? score(st[j][e], p.scale, p.softcap, p.softcap_inv) : st[j][e] * p.scale;
+              const float s = kbad[e >> 1] ? qnan() : s0;
+              float z2 = s * kLog2e;
+              if constexpr (BT::kPresent) {
+                if (qc < q_lim && kc < k_lim) z2 += BT::load(x.bias, bias_base + qc * bsq + kc * bsk) * kLog2e;
+              }
+              if (has_alibi) z2 += slope_l2 * alibi_dist(rel + qc - kc);
+              // A bias of -inf hides the element like the mask (P = 0, and no NaN from dP).
+              const bool vis = l2 != neg_inf() && (full || (qc >= qa[e >> 1] && qc < qz[e >> 1])) && z2 != neg_inf();
+              const float pr = vis ? ex2(z2 - l2) : 0.f;
+              const float pm = ((keep_bits >> (j * 4 + e)) & 1) ? drop_scale : 0.f;  // M * scale_drop
+              st[j][e] = pr * pm;
+              const float dz = vis ? pr * (pm * dpt[j][e] - sDelta[ql]) : 0.f;
+              dz4[e] = dz;
+              dpt[j][e] = dz * softcap_grad(s, p.softcap, p.softcap_inv);
+            }
+            if (dbias != nullptr) {
+              if (bsq == 0) {  // Sqb = 1: per key, in registers across the step's queries
+                dbias_keys[0] += dz4[0] + dz4[1];
+                dbias_keys[1] += dz4[2] + dz4[3];
+              } else if (bsk == 0) {  // Skb = 1: per query, summed over the warp's 16 keys first
+#pragma unroll
+                for (int c = 0; c < 2; ++c) {
+                  float v = dz4[c] + dz4[c + 2];
+                  v += __shfl_xor_sync(0xffffffffu, v, 4);
+                  v += __shfl_xor_sync(0xffffffffu, v, 8);
+                  v += __shfl_xor_sync(0xffffffffu, v, 16);
+                  if (g == 0 && v != 0.f) red_add_f32(dbias + bias_base + (j * 8 + c) * bsq, v);
+                }
+              } else {  // one entry per element; dZ != 0 only where visible, so in range
+#pragma unroll
+                for (int e = 0; e < 4; ++e)
+                  if (dz4[e] != 0.f) red_add_f32(dbias + bias_base + (j * 8 + (e & 1)) * bsq + (e >> 1) * 8 * bsk, dz4[e]);
+              }
+            }
+          }
+        });
+        // Sqb = 1: flush the per-key sums when the next step reads other entries (another head with
+        // Hb = H) or at the last step: the quad's 4 threads hold the same keys' other queries.
+        if (dbias != nullptr && bsq == 0 &&
+            (t + 1 == steps || (x.bias_stride_h != 0 && (t + 1) / m_tiles != t / m_tiles))) {
+#pragma unroll
+          for (int r = 0; r < 2; ++r) {
+            dbias_keys[r] += __shfl_xor_sync(0xffffffffu, dbias_keys[r], 1);
+            dbias_keys[r] += __shfl_xor_sync(0xffffffffu, dbias_keys[r], 2);
+          }
+          const long long base = bias_offset(x, b, h, 0, key_a);
+          if (bsk == 0) {  // Sqb = Skb = 1: one entry for the whole warp
+            float v = dbias_keys[0] + dbias_keys[1];
+            v += __shfl_xor_sync(0xffffffffu, v, 4);
+            v += __shfl_xor_sync(0xffffffffu, v, 8);
+            v += __shfl_xor_sync(0xffffffffu, v, 16);
+            if (lane == 0 && v != 0.f) red_add_f32(dbias + base, v);
+          } else if (tig == 0) {
+#pragma unroll
+            for (int r = 0; r < 2; ++r)
+              if (dbias_keys[r] != 0.f) red_add_f32(dbias + base + r * 8 * bsk, dbias_keys[r]);
+          }
+          dbias_keys[0] = dbias_keys[1] = 0.f;
+        }
+      } else {
 #pragma unroll
       for (int j = 0; j < BM / 8; ++j) {
 #pragma unroll
@@ -192,6 +317,7 @@ __device__ __forceinline__ void flash_bwd(const BwdParams& p) {
           // row, or dO of a row nobody sees) and must not leak.
           dpt[j][e] = vis ? pr * (dpt[j][e] - sDelta[ql]) * softcap_grad(s, p.softcap, p.softcap_inv) : 0.f;
         }
+      }
       }
 
       // dV += P^T dO and dK += dS^T Q over this warp's DW columns.
