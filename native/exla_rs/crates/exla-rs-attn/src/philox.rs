@@ -95,30 +95,50 @@ pub struct Dropout {
     pub scale: f32,
 }
 
-impl Dropout {
-    /// `None` for no dropout (rate 0, no key), the dropout otherwise; INVALID_ARGUMENT for a
-    /// rate outside `[0, 1)` or NaN, a rate `> 0` without the key, or the key with rate 0.
-    pub fn from_attributes(rate: f32, key: Option<[u32; 2]>) -> Result<Option<Self>, AttnError> {
+/// The rate part of a call's dropout, without the key's value (on CUDA the key lives in device
+/// memory, so the handler decodes this and hands the kernels the key's pointer).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct DropoutRate {
+    pub rate: f32,
+    /// `dropout_threshold(rate)`: entry kept iff its draw is `>=` this.
+    pub threshold: u32,
+    /// `dropout_keep_scale(rate)`.
+    pub scale: f32,
+}
+
+impl DropoutRate {
+    /// The contract's rules for `dropout_rate` and `has_dropout` (`has_key`): `None` for no
+    /// dropout (rate 0, no key); INVALID_ARGUMENT for a rate outside `[0, 1)` or NaN, a rate
+    /// `> 0` without the key, or the key with rate 0.
+    pub fn from_attributes(rate: f32, has_key: bool) -> Result<Option<Self>, AttnError> {
         if !(0.0..1.0).contains(&rate) {
             return Err(AttnError::invalid(format!(
                 "attribute `dropout_rate`: expected a rate in [0, 1), got {rate}"
             )));
         }
-        match (rate > 0.0, key) {
-            (false, None) => Ok(None),
-            (true, Some(key)) => Ok(Some(Self {
-                key,
-                rate,
-                threshold: dropout_threshold(rate),
-                scale: dropout_keep_scale(rate),
-            })),
-            (true, None) => Err(AttnError::invalid(format!(
+        match (rate > 0.0, has_key) {
+            (false, false) => Ok(None),
+            (true, true) => Ok(Some(Self { rate, threshold: dropout_threshold(rate), scale: dropout_keep_scale(rate) })),
+            (true, false) => Err(AttnError::invalid(format!(
                 "attribute `dropout_rate` is {rate} but `has_dropout` is false (no `dropout_key` operand)"
             ))),
-            (false, Some(_)) => Err(AttnError::invalid(
+            (false, true) => Err(AttnError::invalid(
                 "`has_dropout` is true but attribute `dropout_rate` is 0 (absent or zero)",
             )),
         }
+    }
+
+    /// With the key's value: the dropout the Host kernels run.
+    pub fn with_key(self, key: [u32; 2]) -> Dropout {
+        Dropout { key, rate: self.rate, threshold: self.threshold, scale: self.scale }
+    }
+}
+
+impl Dropout {
+    /// `None` for no dropout (rate 0, no key), the dropout otherwise; INVALID_ARGUMENT for a
+    /// rate outside `[0, 1)` or NaN, a rate `> 0` without the key, or the key with rate 0.
+    pub fn from_attributes(rate: f32, key: Option<[u32; 2]>) -> Result<Option<Self>, AttnError> {
+        Ok(DropoutRate::from_attributes(rate, key.is_some())?.zip(key).map(|(r, k)| r.with_key(k)))
     }
 
     /// Whether entry `(b, h, i, j)` is kept.

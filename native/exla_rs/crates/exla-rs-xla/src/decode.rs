@@ -2,17 +2,32 @@
 //! Every malformed call becomes INVALID_ARGUMENT naming the operand (index and name) and what
 //! was expected; a valid call the platform cannot run becomes UNIMPLEMENTED.
 
+use exla_rs_attn::philox::DropoutRate;
 use exla_rs_attn::{extras, AttnError, AttnOptions, AttnShape, ElementType, Pass, Platform};
 use xla_ffi::{Attr, Buffer, CallFrame, DataType, ErrorCode, FfiError};
 
-use crate::workspace::{features, platform_workspace, FEATURE_ALIBI, FEATURE_BIAS, FEATURE_BIAS_GRAD, FEATURE_KEY_MASK};
+use crate::workspace::{features, platform_workspace, FEATURE_ALIBI, FEATURE_BIAS, FEATURE_BIAS_GRAD, FEATURE_DROPOUT, FEATURE_KEY_MASK};
 
 /// Operand names in contract order, for messages (the optional ones follow, see [`Extras`]).
 pub const FWD_OPERANDS: [&str; 5] = ["q", "k", "v", "kv_len", "q_start"];
 pub const BWD_OPERANDS: [&str; 8] = ["q", "k", "v", "kv_len", "q_start", "o", "lse", "do"];
 
 /// The optional operands, in their fixed order, with the attribute that announces each.
-pub const OPTIONAL_OPERANDS: [(&str, &str); 3] = [("has_key_mask", "key_mask"), ("has_bias", "bias"), ("has_alibi", "alibi_slopes")];
+pub const OPTIONAL_OPERANDS: [(&str, &str); 4] =
+    [("has_key_mask", "key_mask"), ("has_bias", "bias"), ("has_alibi", "alibi_slopes"), ("has_dropout", "dropout_key")];
+
+/// XLA's U32 element type (the Philox key's), which `DataType` has no name for.
+const U32: DataType = DataType(xla_ffi::sys::XLA_FFI_DataType_U32);
+
+/// A call's dropout, platform-neutral: the key stays a buffer (host memory on the Host, device
+/// memory on CUDA, where the kernels read it through its pointer), the rest comes from the
+/// attributes with the `exla_rs_attn::philox` helpers.
+pub struct DropoutOperand<'a> {
+    /// `u32[2]`: the Philox key `(k0, k1)`.
+    pub key: Buffer<'a>,
+    /// Rate, keep threshold (`draw >= threshold` keeps) and keep scale `1 / (1 - rate)`.
+    pub rate: DropoutRate,
+}
 
 /// The optional operands of a call, validated against its shape.
 #[derive(Default)]
@@ -23,13 +38,15 @@ pub struct Extras<'a> {
     pub bias: Option<Buffer<'a>>,
     /// `f32[H]`.
     pub alibi_slopes: Option<Buffer<'a>>,
+    /// Present iff `has_dropout` (then `0 < rate < 1`).
+    pub dropout: Option<DropoutOperand<'a>>,
     /// Backward only: the call returns `dbias` after `dv`.
     pub bias_grad: bool,
 }
 
 impl Extras<'_> {
     pub fn is_none(&self) -> bool {
-        self.key_mask.is_none() && self.bias.is_none() && self.alibi_slopes.is_none()
+        self.key_mask.is_none() && self.bias.is_none() && self.alibi_slopes.is_none() && self.dropout.is_none()
     }
 
     /// The contract's feature bits this call uses (see `exla_rs_flash_attn_features`).
@@ -46,6 +63,9 @@ impl Extras<'_> {
         }
         if self.bias_grad {
             f |= FEATURE_BIAS_GRAD;
+        }
+        if self.dropout.is_some() {
+            f |= FEATURE_DROPOUT;
         }
         f
     }
@@ -145,8 +165,8 @@ fn flag(target: &str, frame: &CallFrame<'_>, name: &str) -> Result<bool, FfiErro
 
 /// The operand list the presence attributes announce: the fixed `names`, then the present
 /// optional ones in contract order. Checks the call has exactly those.
-fn operand_count(target: &str, frame: &CallFrame<'_>, names: &[&str]) -> Result<[bool; 3], FfiError> {
-    let mut present = [false; 3];
+fn operand_count(target: &str, frame: &CallFrame<'_>, names: &[&str]) -> Result<[bool; 4], FfiError> {
+    let mut present = [false; 4];
     let mut all: Vec<&str> = names.to_vec();
     for (n, (attr, operand)) in OPTIONAL_OPERANDS.iter().enumerate() {
         present[n] = flag(target, frame, attr)?;
@@ -158,7 +178,7 @@ fn operand_count(target: &str, frame: &CallFrame<'_>, names: &[&str]) -> Result<
         return Err(invalid(
             target,
             format!(
-                "expected {} operands ({}), got {} (the optional operands are those has_key_mask/has_bias/has_alibi announce)",
+                "expected {} operands ({}), got {} (the optional operands are those has_key_mask/has_bias/has_alibi/has_dropout announce)",
                 all.len(),
                 all.join(", "),
                 frame.arg_count()
@@ -169,7 +189,7 @@ fn operand_count(target: &str, frame: &CallFrame<'_>, names: &[&str]) -> Result<
 }
 
 /// The optional operands from index `first` on, in contract order, validated against `c`.
-fn extras<'a>(target: &str, frame: &CallFrame<'a>, first: usize, present: [bool; 3], c: &Common<'a>) -> Result<Extras<'a>, FfiError> {
+fn extras<'a>(target: &str, frame: &CallFrame<'a>, first: usize, present: [bool; 4], c: &Common<'a>) -> Result<Extras<'a>, FfiError> {
     let s = c.shape;
     let mut ex = Extras::default();
     let mut at = first;
@@ -204,8 +224,23 @@ fn extras<'a>(target: &str, frame: &CallFrame<'a>, first: usize, present: [bool;
         let a = frame.arg(at)?;
         expect_exact(target, &format!("operand {at} `alibi_slopes`"), &a, DataType::F32, &[s.heads], "(one ALiBi slope per query head)")?;
         ex.alibi_slopes = Some(a);
+        at += 1;
+    }
+    let rate = dropout_rate(target, frame)?;
+    if let Some(rate) = DropoutRate::from_attributes(rate, present[3]).map_err(|e| attn_error(target, e))? {
+        let key = frame.arg(at)?;
+        expect_exact(target, &format!("operand {at} `dropout_key`"), &key, U32, &[2], "(the Philox key, as Nx.Random.key/1 returns it)")?;
+        ex.dropout = Some(DropoutOperand { key, rate });
     }
     Ok(ex)
+}
+
+/// The optional `dropout_rate` attribute: absent = 0, else an f32 scalar.
+fn dropout_rate(target: &str, frame: &CallFrame<'_>) -> Result<f32, FfiError> {
+    match frame.attrs().get("dropout_rate") {
+        None => Ok(0.0),
+        Some(_) => frame.attrs().f32(target, "dropout_rate"),
+    }
 }
 
 /// UNIMPLEMENTED when `platform` lacks a feature the call uses (after validation, so a
@@ -213,7 +248,7 @@ fn extras<'a>(target: &str, frame: &CallFrame<'a>, first: usize, present: [bool;
 fn check_features(target: &str, platform: Platform, ex: &Extras<'_>) -> Result<(), FfiError> {
     let missing = ex.features() & !features(platform);
     if missing != 0 {
-        let names: Vec<&str> = [(FEATURE_KEY_MASK, "key_mask"), (FEATURE_BIAS, "bias"), (FEATURE_ALIBI, "alibi_slopes"), (FEATURE_BIAS_GRAD, "bias_grad")]
+        let names: Vec<&str> = [(FEATURE_KEY_MASK, "key_mask"), (FEATURE_BIAS, "bias"), (FEATURE_ALIBI, "alibi_slopes"), (FEATURE_BIAS_GRAD, "bias_grad"), (FEATURE_DROPOUT, "dropout")]
             .iter()
             .filter(|(bit, _)| missing & bit != 0)
             .map(|(_, n)| *n)

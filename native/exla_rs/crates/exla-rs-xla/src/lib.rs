@@ -73,7 +73,7 @@ pub extern "C" fn exla_rs_flash_attn_workspace_bytes(
     std::panic::catch_unwind(|| workspace_bytes(pass, platform, dtype, b, sq, sk, h, hkv, d)).unwrap_or(-1)
 }
 
-/// The optional features (bit 0 key_mask, 1 bias, 2 alibi_slopes, 3 bias_grad) the handlers of
+/// The optional features (bit 0 key_mask, 1 bias, 2 alibi_slopes, 3 bias_grad, 4 dropout) the handlers of
 /// `platform` (0 Host, 1 CUDA) run; -1 for an unknown platform code.
 #[no_mangle]
 pub extern "C" fn exla_rs_flash_attn_features(platform: i32) -> i32 {

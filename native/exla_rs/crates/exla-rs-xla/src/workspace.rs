@@ -37,6 +37,7 @@ pub const FEATURE_KEY_MASK: u32 = 1;
 pub const FEATURE_BIAS: u32 = 2;
 pub const FEATURE_ALIBI: u32 = 4;
 pub const FEATURE_BIAS_GRAD: u32 = 8;
+pub const FEATURE_DROPOUT: u32 = 16;
 
 /// The optional features `platform`'s handlers run. CUDA has none yet: its kernels take only the
 /// base contract, so a call with a key mask, bias or ALiBi answers UNIMPLEMENTED there and the

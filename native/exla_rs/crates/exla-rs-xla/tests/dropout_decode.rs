@@ -1,0 +1,142 @@
+//! Dropout's operand and attributes through the exported handlers on hand-built frames
+//! (docs/flash-attention-contract.md, "Dropout"): `dropout_key` is the last optional operand,
+//! every malformed combination is INVALID_ARGUMENT naming the operand or attribute (on both
+//! platforms, before any feature check), and a platform without the `dropout` feature bit answers
+//! UNIMPLEMENTED for a valid call.
+
+use exla_rs_xla::*;
+use xla_ffi::sys;
+use xla_ffi::testing::*;
+use xla_ffi::ApiVersion;
+
+fn api() -> &'static sys::XLA_FFI_Api {
+    fake_api(ApiVersion::new(0, 2))
+}
+
+fn bytes<T: Copy>(v: &[T]) -> Vec<u8> {
+    // SAFETY: plain-old-data views of numeric slices.
+    unsafe { std::slice::from_raw_parts(v.as_ptr() as *const u8, std::mem::size_of_val(v)).to_vec() }
+}
+
+fn f32_buf(dims: &[i64], v: &[f32]) -> OwnedBuffer {
+    OwnedBuffer::new(sys::XLA_FFI_DataType_F32, dims, &bytes(v))
+}
+
+fn i32_buf(v: &[i32]) -> OwnedBuffer {
+    OwnedBuffer::new(sys::XLA_FFI_DataType_S32, &[v.len() as i64], &bytes(v))
+}
+
+fn key_buf(dims: &[i64], key: &[u32]) -> OwnedBuffer {
+    OwnedBuffer::new(sys::XLA_FFI_DataType_U32, dims, &bytes(key))
+}
+
+fn randn(n: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+    (0..n)
+        .map(|_| {
+            s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            ((s >> 33) as f64 / (1u64 << 31) as f64 * 2.0 - 1.0) as f32
+        })
+        .collect()
+}
+
+// D = 64 so the same frame is one the CUDA kernels take (the CUDA answer is then about dropout).
+const B: usize = 1;
+const S: usize = 64;
+const H: usize = 2;
+const D: usize = 64;
+const N: usize = B * S * H * D;
+
+fn dims() -> [i64; 4] {
+    [B as i64, S as i64, H as i64, D as i64]
+}
+
+/// A forward frame: q, k, v, kv_len, q_start, then `extra`, with `attrs` beside the base ones.
+fn fwd_frame(extra: Vec<OwnedBuffer>, attrs: Vec<(&str, AttrValue)>, platform: i32) -> FrameBuilder {
+    let mut fb = FrameBuilder::new()
+        .attr("scale", AttrValue::F32(0.125))
+        .attr("softcap", AttrValue::F32(0.0))
+        .attr("window_left", AttrValue::I64(-1))
+        .attr("window_right", AttrValue::I64(-1))
+        .arg(f32_buf(&dims(), &randn(N, 1)))
+        .arg(f32_buf(&dims(), &randn(N, 2)))
+        .arg(f32_buf(&dims(), &randn(N, 3)))
+        .arg(i32_buf(&[S as i32]))
+        .arg(i32_buf(&[0]));
+    for a in extra {
+        fb = fb.arg(a);
+    }
+    for (n, v) in attrs {
+        fb = fb.attr(n, v);
+    }
+    fb = fb.ret(f32_buf(&dims(), &vec![0.0; N])).ret(f32_buf(&[B as i64, H as i64, S as i64], &vec![0.0; B * H * S]));
+    let ws = exla_rs_flash_attn_workspace_bytes(0, platform, 11, B as i64, S as i64, S as i64, H as i64, H as i64, D as i64);
+    if ws > 0 {
+        fb = fb.ret(OwnedBuffer::zeroed(sys::XLA_FFI_DataType_U8, &[ws], ws as usize));
+    }
+    fb
+}
+
+fn dropout_attrs(rate: f32) -> Vec<(&'static str, AttrValue)> {
+    vec![("has_dropout", AttrValue::Pred(true)), ("dropout_rate", AttrValue::F32(rate))]
+}
+
+/// Runs the forward on `platform` (0 Host, 1 CUDA); the error, if any.
+fn run(fb: FrameBuilder, platform: i32) -> Option<FakeError> {
+    let mut fb = fb.build(api());
+    // SAFETY: a frame the fake runtime built for this call.
+    unsafe {
+        let err = if platform == 0 { exla_rs_flash_attn_fwd_host(fb.frame()) } else { exla_rs_flash_attn_fwd_cuda(fb.frame()) };
+        take_fake_error(err)
+    }
+}
+
+fn invalid(fb: FrameBuilder, platform: i32) -> String {
+    let e = run(fb, platform).expect("an error");
+    assert_eq!(e.code, sys::XLA_FFI_Error_Code_INVALID_ARGUMENT, "{}", e.message);
+    e.message
+}
+
+#[test]
+fn malformed_dropout_is_invalid_argument_on_both_platforms() {
+    for p in [0, 1] {
+        // A rate without the key (no has_dropout).
+        let m = invalid(fwd_frame(vec![], vec![("dropout_rate", AttrValue::F32(0.1))], p), p);
+        assert!(m.contains("attribute `dropout_rate` is 0.1 but `has_dropout` is false"), "{m}");
+        // has_dropout with rate 0 (absent) and with an explicit 0.
+        let m = invalid(fwd_frame(vec![key_buf(&[2], &[1, 2])], vec![("has_dropout", AttrValue::Pred(true))], p), p);
+        assert!(m.contains("`has_dropout` is true but attribute `dropout_rate` is 0"), "{m}");
+        let m = invalid(fwd_frame(vec![key_buf(&[2], &[1, 2])], dropout_attrs(0.0), p), p);
+        assert!(m.contains("`dropout_rate` is 0"), "{m}");
+        // Rates outside [0, 1) or NaN.
+        for bad in [1.0f32, 1.5, -0.25, f32::NAN] {
+            let m = invalid(fwd_frame(vec![key_buf(&[2], &[1, 2])], dropout_attrs(bad), p), p);
+            assert!(m.contains("attribute `dropout_rate`: expected a rate in [0, 1)"), "{bad}: {m}");
+        }
+        // A rate of another type.
+        let m = invalid(fwd_frame(vec![key_buf(&[2], &[1, 2])], vec![("has_dropout", AttrValue::Pred(true)), ("dropout_rate", AttrValue::F64(0.5))], p), p);
+        assert!(m.contains("attribute `dropout_rate` must be a f32 scalar"), "{m}");
+        // Keys that are not u32[2].
+        for key in [key_buf(&[3], &[1, 2, 3]), key_buf(&[1, 2], &[1, 2]), OwnedBuffer::new(sys::XLA_FFI_DataType_S32, &[2], &bytes(&[1i32, 2]))] {
+            let m = invalid(fwd_frame(vec![key], dropout_attrs(0.5), p), p);
+            assert!(m.contains("operand 5 `dropout_key` must be u32[2]"), "{m}");
+        }
+        // has_dropout announces the key: without it the operand count is off.
+        let m = invalid(fwd_frame(vec![], dropout_attrs(0.5), p), p);
+        assert!(m.contains("expected 6 operands (q, k, v, kv_len, q_start, dropout_key), got 5"), "{m}");
+        // The key is the last optional operand: after the ALiBi slopes, at index 6.
+        let mut attrs = dropout_attrs(0.5);
+        attrs.push(("has_alibi", AttrValue::Pred(true)));
+        let m = invalid(fwd_frame(vec![f32_buf(&[H as i64], &[0.5; H]), key_buf(&[3], &[1, 2, 3])], attrs, p), p);
+        assert!(m.contains("operand 6 `dropout_key` must be u32[2]"), "{m}");
+    }
+}
+
+#[test]
+fn the_dropout_feature_bit_is_clear_on_cuda() {
+    assert_eq!(exla_rs_flash_attn_features(1) & 16, 0);
+    // A valid dropout call: UNIMPLEMENTED naming dropout, before any stream is asked for.
+    let e = run(fwd_frame(vec![key_buf(&[2], &[1, 2])], dropout_attrs(0.5), 1), 1).expect("an error");
+    assert_eq!(e.code, sys::XLA_FFI_Error_Code_UNIMPLEMENTED, "{}", e.message);
+    assert!(e.message.contains("dropout not supported on Cuda"), "{}", e.message);
+}
