@@ -228,8 +228,10 @@ __device__ __forceinline__ void flash_bwd(const BwdParams& p) {
         const int q_lim = p.seq_q - m0 - tig * 2;  // element query offsets below this are rows < Sq
         const int k_lim = mask.kv_end - key_a;      // key offsets (0, 8) below this are keys < kv_end
         const long long bias_base = bias_offset(x, b, h, m0 + tig * 2, key_a);  // element (0, 0)
-        const long long bsq = x.bias_stride_q, bsk = x.bias_stride_k;
-        float* dbias = p.dbias_accum;
+        // Sqb <= Sq and Skb <= Sk: these two strides fit in 32 bits (products widen below).
+        const int bsq = (int)x.bias_stride_q, bsk = (int)x.bias_stride_k;
+        // Warps that share a key slice (kDSplit > 1) compute the same dZ: only dpart 0 adds it.
+        float* dbias = dpart == 0 ? p.dbias_accum : nullptr;
         with_bias_type_or_none(x, [&](auto tag) {
           using BT = decltype(tag);
 #pragma unroll
@@ -244,7 +246,7 @@ __device__ __forceinline__ void flash_bwd(const BwdParams& p) {
               const float s = kbad[e >> 1] ? qnan() : s0;
               float z2 = s * kLog2e;
               if constexpr (BT::kPresent) {
-                if (qc < q_lim && kc < k_lim) z2 += BT::load(x.bias, bias_base + qc * bsq + kc * bsk) * kLog2e;
+                if (qc < q_lim && kc < k_lim) z2 += BT::load(x.bias, bias_base + (long long)qc * bsq + kc * bsk) * kLog2e;
               }
               if (has_alibi) z2 += slope_l2 * alibi_dist(rel + qc - kc);
               // A bias of -inf hides the element like the mask (P = 0, and no NaN from dP).
@@ -267,12 +269,12 @@ __device__ __forceinline__ void flash_bwd(const BwdParams& p) {
                   v += __shfl_xor_sync(0xffffffffu, v, 4);
                   v += __shfl_xor_sync(0xffffffffu, v, 8);
                   v += __shfl_xor_sync(0xffffffffu, v, 16);
-                  if (g == 0 && v != 0.f) red_add_f32(dbias + bias_base + (j * 8 + c) * bsq, v);
+                  if (g == 0 && v != 0.f) red_add_f32(dbias + bias_base + (long long)(j * 8 + c) * bsq, v);
                 }
               } else {  // one entry per element; dZ != 0 only where visible, so in range
 #pragma unroll
                 for (int e = 0; e < 4; ++e)
-                  if (dz4[e] != 0.f) red_add_f32(dbias + bias_base + (j * 8 + (e & 1)) * bsq + (e >> 1) * 8 * bsk, dz4[e]);
+                  if (dz4[e] != 0.f) red_add_f32(dbias + bias_base + (long long)(j * 8 + (e & 1)) * bsq + (e >> 1) * 8 * bsk, dz4[e]);
               }
             }
           }
@@ -281,22 +283,21 @@ __device__ __forceinline__ void flash_bwd(const BwdParams& p) {
         // Hb = H) or at the last step: the quad's 4 threads hold the same keys' other queries.
         if (dbias != nullptr && bsq == 0 &&
             (t + 1 == steps || (x.bias_stride_h != 0 && (t + 1) / m_tiles != t / m_tiles))) {
-#pragma unroll
-          for (int r = 0; r < 2; ++r) {
-            dbias_keys[r] += __shfl_xor_sync(0xffffffffu, dbias_keys[r], 1);
-            dbias_keys[r] += __shfl_xor_sync(0xffffffffu, dbias_keys[r], 2);
-          }
           const long long base = bias_offset(x, b, h, 0, key_a);
           if (bsk == 0) {  // Sqb = Skb = 1: one entry for the whole warp
             float v = dbias_keys[0] + dbias_keys[1];
-            v += __shfl_xor_sync(0xffffffffu, v, 4);
-            v += __shfl_xor_sync(0xffffffffu, v, 8);
-            v += __shfl_xor_sync(0xffffffffu, v, 16);
+            v = warp_sum(v);
             if (lane == 0 && v != 0.f) red_add_f32(dbias + base, v);
-          } else if (tig == 0) {
+          } else {
 #pragma unroll
-            for (int r = 0; r < 2; ++r)
-              if (dbias_keys[r] != 0.f) red_add_f32(dbias + base + r * 8 * bsk, dbias_keys[r]);
+            for (int r = 0; r < 2; ++r) {
+              dbias_keys[r] += __shfl_xor_sync(0xffffffffu, dbias_keys[r], 1);
+              dbias_keys[r] += __shfl_xor_sync(0xffffffffu, dbias_keys[r], 2);
+            }
+            if (tig == 0)
+#pragma unroll
+              for (int r = 0; r < 2; ++r)
+                if (dbias_keys[r] != 0.f) red_add_f32(dbias + base + r * 8 * bsk, dbias_keys[r]);
           }
           dbias_keys[0] = dbias_keys[1] = 0.f;
         }

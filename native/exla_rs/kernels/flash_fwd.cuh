@@ -116,9 +116,10 @@ __device__ __forceinline__ void flash_fwd(const FwdParams& p) {
   const bool has_km = x.key_mask != nullptr;
   const long long km_row = (long long)b * p.seq_k;
   // The next tile from n on that key_mask does not hide entirely (n_last if none), and its mask
-  // bits (all ones without key_mask). A hidden tile is never loaded.
+  // bits (the tile's BN bits all set without key_mask). A hidden tile is never loaded.
+  constexpr unsigned long long kAllKeys = ~0ull >> (64 - BN);
   auto next_tile = [&](int n, unsigned long long& bits) {
-    bits = ~0ull;
+    bits = kAllKeys;
     if (has_km)
       for (; n < n_last; ++n)
         if ((bits = key_mask_tile_bits<BN>(x, km_row, n * BN, p.seq_k, lane)) != 0) break;
@@ -182,7 +183,7 @@ __device__ __forceinline__ void flash_fwd(const FwdParams& p) {
     // Scores in the log2 domain; masked entries -inf (only tiles that straddle a bound test).
     const int n0 = n * BN;
     // full: every element of the tile is visible (no key_mask hole either): no per-element test.
-    const bool full = mask.tile_full(m0, m0 + BM, n0, n0 + BN) && km_bits == ~0ull >> (64 - BN);
+    const bool full = mask.tile_full(m0, m0 + BM, n0, n0 + BN) && km_bits == kAllKeys;
     if (p.softcap > 0.f) {  // uniform: the common path has no tanh in its loop
 #pragma unroll
       for (int j = 0; j < BN / 8; ++j)
