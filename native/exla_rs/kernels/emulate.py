@@ -516,7 +516,6 @@ def bwd_traits(d):
 def bwd_extras_step(ex, st, dpt, dbias_keys, b, h, hk, t, group, m_tiles, m0, n0, ks, dpart, key_a, kbad, qa, qz, full, sLse, sDelta,
                     mask, Sq, BM, scale, softcap):
     """flash_bwd.cuh's `if (extras)` step for one warp (st, dpt, dbias_keys updated in place)."""
-    steps = group * m_tiles
     keep_bits = np.full(32, 0xFFFFFFFF, np.uint64)
     drop_scale = np.float32(1)
     if ex.drop is not None:  # dropout_keep_bits_t
@@ -570,7 +569,7 @@ def bwd_extras_step(ex, st, dpt, dbias_keys, b, h, hk, t, group, m_tiles, m0, n0
             else:
                 for e in range(4):
                     red(dbias, bias_base + (j * 8 + (e & 1)) * bsq + (e >> 1) * 8 * bsk, dz4[e], dz4[e] != 0)
-    if dbias is not None and bsq == 0 and (t + 1 == steps or (ex.strides[1] != 0 and (t + 1) // m_tiles != t // m_tiles)):
+    if dbias is not None and bsq == 0:  # flushed every step
         base = ex.bias_offset(b, h, 0, key_a)
         if bsk == 0:
             vsum = dbias_keys[0] + dbias_keys[1]
@@ -621,7 +620,6 @@ def flash_bwd(q, k, v, kv_len, q_start, o, lse, do, scale, softcap, wl, wr, ex=N
                         q_lo = q_hi = 0
                 km_full = km_bits == all_keys
                 extras = ex is not None and (ex.bias is not None or ex.alibi is not None or ex.drop is not None or ex.dbias is not None)
-                dbias_keys = np.zeros((NW, 2, 32), np.float32)  # per warp: the Sqb = 1 sums of its lanes' keys
                 sK = np.full(BN * D, np.nan, np.float32)
                 sV = np.full(BN * D, np.nan, np.float32)
                 kbad = np.zeros(BN, bool)
@@ -671,7 +669,8 @@ def flash_bwd(q, k, v, kv_len, q_start, o, lse, do, scale, softcap, wl, wr, ex=N
                                     dpt[2 * nt] = mma(dpt[2 * nt], av, bo[0], bo[1])
                                     dpt[2 * nt + 1] = mma(dpt[2 * nt + 1], av, bo[2], bo[3])
                             if extras:
-                                bwd_extras_step(ex, st, dpt, dbias_keys[warp], b, h, hk, t, group, m_tiles, m0, n0, ks, dpart, key_a, kbad, qa, qz,
+                                dbias_keys = np.zeros((2, 32), np.float32)  # the step's Sqb = 1 sums of the lanes' keys
+                                bwd_extras_step(ex, st, dpt, dbias_keys, b, h, hk, t, group, m_tiles, m0, n0, ks, dpart, key_a, kbad, qa, qz,
                                                 full, sLse, sDelta, mask, Sq, BM, scale, softcap)
                             for j in range(BM // 8 if not extras else 0):
                                 for e in range(4):
@@ -716,12 +715,13 @@ def flash_bwd(q, k, v, kv_len, q_start, o, lse, do, scale, softcap, wl, wr, ex=N
                                     bk = ldmatrix_x4_trans(sK, at(swkv, "kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8, dc * 32 + dt * 16 + (lane >> 4) * 8", "flash_bwd.cuh", kk=kk, dc=dc, dt=dt))
                                     acc[2 * dt] = mma(acc[2 * dt], a, bk[0], bk[1])
                                     acc[2 * dt + 1] = mma(acc[2 * dt + 1], a, bk[2], bk[3])
-                            for nt in range(4):
-                                for e in range(4):
-                                    row = m0 + rt * 16 + G + (e >> 1) * 8
-                                    col = dc * 32 + nt * 8 + TIG * 2 + (e & 1)
-                                    ok = row < Sq
-                                    np.add.at(dq_acc[b, :, h, :], (row[ok], col[ok]), acc[nt, ok, e])
+                            for r in range(2):
+                                row = m0 + rt * 16 + G + r * 8
+                                ok = row < Sq
+                                dst = dc * 32 + TIG * 2  # the row's column base; then + nt * 8 + (e & 1)
+                                for nt in range(4):
+                                    for e1 in range(2):
+                                        np.add.at(dq_acc[b, :, h, :], (row[ok], (dst + nt * 8 + e1)[ok]), acc[nt, ok, 2 * r + e1])
                 for warp in range(NW):
                     ks, dpart = warp // SPLIT, warp % SPLIT
                     key_a = n0 + ks * 16 + G
@@ -808,7 +808,7 @@ def check_extras(rng):
         # u8 mask with holes and a hidden 64-key tile, full f32 bias with a -inf entry and NaN on a hidden key, causal
         ("bf16", 2, 40, 200, 2, 1, 64, -1, 0, 0.0, [200, 150], [160, 110], ("u1", {0: [(64, 128), (170, 171)], 1: [(5, 9)]}),
          ("B,H,Sq,Sk", "f32", [((0, 1, 10, 165), -np.inf), ((1, 0, 3, 7), NAN)]), False, 0.0, True),
-        # GQA, Sqb = 1 bf16 bias, ALiBi, window, negative q_start, Sqb = 1 dbias in registers across steps
+        # GQA, Sqb = 1 bf16 bias, ALiBi, window, negative q_start, Sqb = 1 dbias summed per key in registers
         ("bf16", 1, 33, 70, 4, 2, 128, 5, 3, 0.0, [66], [-3], None, ("1,H,1,Sk", "bf16", []), True, 0.0, True),
         # Hb = Skb = 1 f16 bias (dbias summed over the warp's keys), dropout, causal, f16 operands
         ("f16", 2, 45, 50, 2, 1, 32, -1, 0, 0.0, [50, 41], [5, 0], None, ("B,1,Sq,1", "f16", []), False, 0.3, True),

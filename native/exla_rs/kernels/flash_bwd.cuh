@@ -122,9 +122,6 @@ __device__ __forceinline__ void flash_bwd(const BwdParams& p) {
   const bool km_full = km_bits == ~0ull >> (64 - BN);
   // Any feature that touches the elementwise step (key_mask alone only narrows the intervals).
   const bool extras = x.bias != nullptr || x.alibi_slopes != nullptr || x.dropout_key != nullptr || p.dbias_accum != nullptr;
-  // Sqb = 1 with bias_grad: this thread's dZ sums for its two keys, over the queries (and heads,
-  // while they share the entry) of the steps so far; flushed with one atomic per entry.
-  float dbias_keys[2] = {0.f, 0.f};
 
   // Steps: (query head of the group, query tile) pairs, flattened so that the loads of step t + 1
   // can be issued while step t computes dQ (which reads only dS^T and K).
@@ -232,6 +229,10 @@ __device__ __forceinline__ void flash_bwd(const BwdParams& p) {
         const int bsq = (int)x.bias_stride_q, bsk = (int)x.bias_stride_k;
         // Warps that share a key slice (kDSplit > 1) compute the same dZ: only dpart 0 adds it.
         float* dbias = dpart == 0 ? p.dbias_accum : nullptr;
+        // Sqb = 1: this thread's dZ sums for its two keys over the step's queries, flushed below
+        // with one atomic per entry and step. (Summing across steps as well kept two more values
+        // live through the whole sweep, which spilled bwd_bf16_d192 on sm_90.)
+        float dbias_keys[2] = {0.f, 0.f};
         with_bias_type_or_none(x, [&](auto tag) {
           using BT = decltype(tag);
 #pragma unroll
@@ -279,10 +280,8 @@ __device__ __forceinline__ void flash_bwd(const BwdParams& p) {
             }
           }
         });
-        // Sqb = 1: flush the per-key sums when the next step reads other entries (another head with
-        // Hb = H) or at the last step: the quad's 4 threads hold the same keys' other queries.
-        if (dbias != nullptr && bsq == 0 &&
-            (t + 1 == steps || (x.bias_stride_h != 0 && (t + 1) / m_tiles != t / m_tiles))) {
+        // Sqb = 1: flush the per-key sums; the quad's 4 threads hold the same keys' other queries.
+        if (dbias != nullptr && bsq == 0) {
           const long long base = bias_offset(x, b, h, 0, key_a);
           if (bsk == 0) {  // Sqb = Skb = 1: one entry for the whole warp
             float v = dbias_keys[0] + dbias_keys[1];
@@ -383,12 +382,15 @@ __device__ __forceinline__ void flash_bwd(const BwdParams& p) {
           }
         }
 #pragma unroll
-        for (int nt = 0; nt < 4; ++nt) {
+        for (int r = 0; r < 2; ++r) {
+          const int row = m0 + rt * 16 + g + r * 8;
+          if (row < p.seq_q) {
+            float* dst = gdQ + (long long)row * q_stride + dc * 32 + tig * 2;  // then + nt * 8 + (e & 1)
 #pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int row = m0 + rt * 16 + g + (e >> 1) * 8;
-            const int col = dc * 32 + nt * 8 + tig * 2 + (e & 1);
-            if (row < p.seq_q) atomicAdd(gdQ + (long long)row * q_stride + col, acc[nt][e]);
+            for (int nt = 0; nt < 4; ++nt) {
+              red_add_f32(dst + nt * 8, acc[nt][2 * r]);
+              red_add_f32(dst + nt * 8 + 1, acc[nt][2 * r + 1]);
+            }
           }
         }
       }
