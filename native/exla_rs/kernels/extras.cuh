@@ -125,7 +125,7 @@ EXLA_RS_DEVICE long long bias_offset(const ExtraParams& x, long long b, long lon
 }
 
 // The bias element types as tags, so a kernel switches on bias_dtype once, outside its loops, and
-// runs a loop specialised for one type (BiasF32::load etc.).
+// runs a loop specialised for one type (BiasF32::load etc.; NoBias below for "no bias operand").
 struct BiasF32 {
   static constexpr bool kPresent = true;
   static EXLA_RS_DEVICE float load(const void* bias, long long off) { return static_cast<const float*>(bias)[off]; }
@@ -158,24 +158,9 @@ EXLA_RS_DEVICE float bias_load(const void* bias, int dtype, long long off) {
   }
 }
 
-// Calls f(BiasTag{}) with the tag of bias_dtype: one specialised copy of f per type. Without a
-// bias operand (bias null) the _or_none form calls f(NoBias{}).
-template <class F>
-EXLA_RS_DEVICE void with_bias_type(int dtype, F&& f) {
-  if (dtype == 0)
-    f(BiasF32{});
-  else if (dtype == 1)
-    f(BiasF16{});
-  else
-    f(BiasBF16{});
-}
-template <class F>
-EXLA_RS_DEVICE void with_bias_type_or_none(const ExtraParams& x, F&& f) {
-  if (x.bias == nullptr)
-    f(NoBias{});
-  else
-    with_bias_type(x.bias_dtype, f);
-}
+// Kernels pick BiasF32/BiasF16/BiasBF16/NoBias with an if-chain on bias_dtype outside their loops
+// and call a template: a generic lambda ([&](auto tag)) would be neater, but NVRTC's JIT mode takes
+// its call operator for a host function and refuses to compile it.
 
 // ---------------------------------------------------------------------------------------------
 // ALiBi: alpha = -slope[h] * |pos - j| with pos = q_start + i (64-bit in the contract). |pos - j|

@@ -57,6 +57,83 @@ EXLA_RS_DEVICE unsigned dropout_keep_bits_t(const Dropout& dr, int b, int h, int
   return bits;
 }
 
+// The per-step values of the backward's elementwise step with optional features (flash_bwd's
+// `if (extras)` branch), handed to bwd_extras_elementwise.
+struct BwdExtrasStep {
+  const void* bias;
+  unsigned keep_bits;   // dropout: bit j*4 + e = element (j, e) kept (all ones without dropout)
+  float drop_scale;     // 1 / (1 - rate), 1 without dropout
+  float slope_l2;       // -slope[h] * log2(e)
+  bool has_alibi;
+  int rel;              // position - key of element (0, 0)
+  int q_lim, k_lim;     // element query / key offsets below these are rows < Sq / keys < kv_end
+  long long bias_base;  // bias (and dbias) offset of element (0, 0)
+  int bsq, bsk;         // bias strides of queries and keys
+  float* dbias;         // dbias_accum, null when this warp adds nothing
+  int g, tig;
+};
+
+// The elementwise step for bias type BT (NoBias without a bias): z = s + bias + alibi in the exp2
+// domain, P^T <- P^T * M * scale_drop, dZ = P (M * scale_drop * dP - delta), dS = dZ softcap'(s),
+// dZ into dbias_accum after summing what this thread / warp covers (dbias_keys: Sqb = 1 sums).
+template <class BT, int BM>
+EXLA_RS_DEVICE void bwd_extras_elementwise(float (&st)[BM / 8][4], float (&dpt)[BM / 8][4], float (&dbias_keys)[2],
+                                           const BwdExtrasStep& xs, const BwdParams& p, const float* sLse,
+                                           const float* sDelta, const bool (&kbad)[2], const int (&qa)[2],
+                                           const int (&qz)[2], bool full) {
+  const void* bias = xs.bias;
+  const unsigned keep_bits = xs.keep_bits;
+  const float drop_scale = xs.drop_scale, slope_l2 = xs.slope_l2;
+  const bool has_alibi = xs.has_alibi;
+  const int rel = xs.rel, q_lim = xs.q_lim, k_lim = xs.k_lim, bsq = xs.bsq, bsk = xs.bsk, g = xs.g, tig = xs.tig;
+  const long long bias_base = xs.bias_base;
+  float* dbias = xs.dbias;
+#pragma unroll
+  for (int j = 0; j < BM / 8; ++j) {
+    float dz4[4];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int ql = j * 8 + tig * 2 + (e & 1);
+      const int qc = j * 8 + (e & 1), kc = (e >> 1) * 8;  // query / key offsets from element (0, 0)
+      const float l2 = sLse[ql];
+      const float s0 = p.softcap > 0.f ? score(st[j][e], p.scale, p.softcap, p.softcap_inv) : st[j][e] * p.scale;
+      const float s = kbad[e >> 1] ? qnan() : s0;
+      float z2 = s * kLog2e;
+      if constexpr (BT::kPresent) {
+        if (qc < q_lim && kc < k_lim) z2 += BT::load(bias, bias_base + (long long)qc * bsq + kc * bsk) * kLog2e;
+      }
+      if (has_alibi) z2 += slope_l2 * alibi_dist(rel + qc - kc);
+      // A bias of -inf hides the element like the mask (P = 0, and no NaN from dP).
+      const bool vis = l2 != neg_inf() && (full || (qc >= qa[e >> 1] && qc < qz[e >> 1])) && z2 != neg_inf();
+      const float pr = vis ? ex2(z2 - l2) : 0.f;
+      const float pm = ((keep_bits >> (j * 4 + e)) & 1) ? drop_scale : 0.f;  // M * scale_drop
+      st[j][e] = pr * pm;
+      const float dz = vis ? pr * (pm * dpt[j][e] - sDelta[ql]) : 0.f;
+      dz4[e] = dz;
+      dpt[j][e] = dz * softcap_grad(s, p.softcap, p.softcap_inv);
+    }
+    if (dbias != nullptr) {
+      if (bsq == 0) {  // Sqb = 1: per key, in registers across the step's queries
+        dbias_keys[0] += dz4[0] + dz4[1];
+        dbias_keys[1] += dz4[2] + dz4[3];
+      } else if (bsk == 0) {  // Skb = 1: per query, summed over the warp's 16 keys first
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          float v = dz4[c] + dz4[c + 2];
+          v += __shfl_xor_sync(0xffffffffu, v, 4);
+          v += __shfl_xor_sync(0xffffffffu, v, 8);
+          v += __shfl_xor_sync(0xffffffffu, v, 16);
+          if (g == 0 && v != 0.f) red_add_f32(dbias + bias_base + (long long)(j * 8 + c) * bsq, v);
+        }
+      } else {  // one entry per element; dZ != 0 only where visible, so in range
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          if (dz4[e] != 0.f) red_add_f32(dbias + bias_base + (long long)(j * 8 + (e & 1)) * bsq + (e >> 1) * 8 * bsk, dz4[e]);
+      }
+    }
+  }
+}
+
 template <class T, int D>
 __device__ __forceinline__ void flash_bwd(const BwdParams& p) {
   using Tr = BwdTraits<D>;
@@ -233,53 +310,17 @@ __device__ __forceinline__ void flash_bwd(const BwdParams& p) {
         // with one atomic per entry and step. (Summing across steps as well kept two more values
         // live through the whole sweep, which spilled bwd_bf16_d192 on sm_90.)
         float dbias_keys[2] = {0.f, 0.f};
-        with_bias_type_or_none(x, [&](auto tag) {
-          using BT = decltype(tag);
-#pragma unroll
-          for (int j = 0; j < BM / 8; ++j) {
-            float dz4[4];
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-              const int ql = j * 8 + tig * 2 + (e & 1);
-              const int qc = j * 8 + (e & 1), kc = (e >> 1) * 8;  // query / key offsets from element (0, 0)
-              const float l2 = sLse[ql];
-              const float s0 = p.softcap > 0.f ? score(st[j][e], p.scale, p.softcap, p.softcap_inv) : st[j][e] * p.scale;
-              const float s = kbad[e >> 1] ? qnan() : s0;
-              float z2 = s * kLog2e;
-              if constexpr (BT::kPresent) {
-                if (qc < q_lim && kc < k_lim) z2 += BT::load(x.bias, bias_base + (long long)qc * bsq + kc * bsk) * kLog2e;
-              }
-              if (has_alibi) z2 += slope_l2 * alibi_dist(rel + qc - kc);
-              // A bias of -inf hides the element like the mask (P = 0, and no NaN from dP).
-              const bool vis = l2 != neg_inf() && (full || (qc >= qa[e >> 1] && qc < qz[e >> 1])) && z2 != neg_inf();
-              const float pr = vis ? ex2(z2 - l2) : 0.f;
-              const float pm = ((keep_bits >> (j * 4 + e)) & 1) ? drop_scale : 0.f;  // M * scale_drop
-              st[j][e] = pr * pm;
-              const float dz = vis ? pr * (pm * dpt[j][e] - sDelta[ql]) : 0.f;
-              dz4[e] = dz;
-              dpt[j][e] = dz * softcap_grad(s, p.softcap, p.softcap_inv);
-            }
-            if (dbias != nullptr) {
-              if (bsq == 0) {  // Sqb = 1: per key, in registers across the step's queries
-                dbias_keys[0] += dz4[0] + dz4[1];
-                dbias_keys[1] += dz4[2] + dz4[3];
-              } else if (bsk == 0) {  // Skb = 1: per query, summed over the warp's 16 keys first
-#pragma unroll
-                for (int c = 0; c < 2; ++c) {
-                  float v = dz4[c] + dz4[c + 2];
-                  v += __shfl_xor_sync(0xffffffffu, v, 4);
-                  v += __shfl_xor_sync(0xffffffffu, v, 8);
-                  v += __shfl_xor_sync(0xffffffffu, v, 16);
-                  if (g == 0 && v != 0.f) red_add_f32(dbias + bias_base + (long long)(j * 8 + c) * bsq, v);
-                }
-              } else {  // one entry per element; dZ != 0 only where visible, so in range
-#pragma unroll
-                for (int e = 0; e < 4; ++e)
-                  if (dz4[e] != 0.f) red_add_f32(dbias + bias_base + (long long)(j * 8 + (e & 1)) * bsq + (e >> 1) * 8 * bsk, dz4[e]);
-              }
-            }
-          }
-        });
+        const BwdExtrasStep xs{x.bias, keep_bits, drop_scale, slope_l2, has_alibi, rel, q_lim, k_lim, bias_base, bsq, bsk, dbias, g, tig};
+        // One copy of the loop per bias dtype and one without a bias: no per-element type switch.
+        // (Not a generic lambda: NVRTC's JIT mode takes its call operator for a host function.)
+        if (x.bias == nullptr)
+          bwd_extras_elementwise<NoBias, BM>(st, dpt, dbias_keys, xs, p, sLse, sDelta, kbad, qa, qz, full);
+        else if (x.bias_dtype == 0)
+          bwd_extras_elementwise<BiasF32, BM>(st, dpt, dbias_keys, xs, p, sLse, sDelta, kbad, qa, qz, full);
+        else if (x.bias_dtype == 1)
+          bwd_extras_elementwise<BiasF16, BM>(st, dpt, dbias_keys, xs, p, sLse, sDelta, kbad, qa, qz, full);
+        else
+          bwd_extras_elementwise<BiasBF16, BM>(st, dpt, dbias_keys, xs, p, sLse, sDelta, kbad, qa, qz, full);
         // Sqb = 1: flush the per-key sums; the quad's 4 threads hold the same keys' other queries.
         if (dbias != nullptr && bsq == 0) {
           const long long base = bias_offset(x, b, h, 0, key_a);

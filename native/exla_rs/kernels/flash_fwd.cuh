@@ -197,8 +197,14 @@ __device__ __forceinline__ void flash_fwd(const FwdParams& p) {
     }
     // Bias and ALiBi after scale and softcap, before the masks: a hidden element becomes -inf
     // whatever its bias (NaN included).
-    if (x.bias != nullptr)
-      with_bias_type(x.bias_dtype, [&](auto tag) { add_bias_tile<BN, decltype(tag)>(s, p, b, h, row_a, n0, tig, mask.kv_end); });
+    if (x.bias != nullptr) {  // one loop per dtype, no per-element switch (and no generic lambda: NVRTC rejects it)
+      if (x.bias_dtype == 0)
+        add_bias_tile<BN, BiasF32>(s, p, b, h, row_a, n0, tig, mask.kv_end);
+      else if (x.bias_dtype == 1)
+        add_bias_tile<BN, BiasF16>(s, p, b, h, row_a, n0, tig, mask.kv_end);
+      else
+        add_bias_tile<BN, BiasBF16>(s, p, b, h, row_a, n0, tig, mask.kv_end);
+    }
     if (x.alibi_slopes != nullptr) add_alibi_tile<BN>(s, -x.alibi_slopes[h] * kLog2e, mask.q_start + row_a, n0, tig);
     if (!full) {
       // Bit j * 8 + hh: this thread's element (j, hh) is visible by key_mask.
