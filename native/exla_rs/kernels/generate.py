@@ -30,11 +30,15 @@ def simt(d):
     return out
 
 def aux():
-    out = f'{HEADER}#include "../flash_bwd_aux.cuh"\n\nusing namespace exla_rs;\n'
+    # The small passes around the backward's main kernels: preprocess, dq conversion, and the
+    # dbias accumulator's zeroing and rounding (bias_grad only).
+    out = f'{HEADER}#include "../flash_bwd_aux.cuh"\n#include "../dbias.cuh"\n\nusing namespace exla_rs;\n'
     for dt, t in [("f32", "F32"), ("f16", "F16"), ("bf16", "BF16")]:
         out += f"\nextern \"C\" __global__ void exla_rs_bwd_pre_{dt}(const BwdParams p) {{ bwd_preprocess<{t}>(p); }}\n"
     for dt, t in HALF.items():
         out += f"extern \"C\" __global__ void exla_rs_bwd_convert_{dt}(const BwdParams p) {{ bwd_convert_dq<{t}>(p); }}\n"
+    out += "\nextern \"C\" __global__ void exla_rs_dbias_zero(const BwdParams p) { dbias_zero(p); }\n"
+    out += "extern \"C\" __global__ void exla_rs_dbias_round(const BwdParams p) { dbias_round(p); }\n"
     return out
 
 def main():

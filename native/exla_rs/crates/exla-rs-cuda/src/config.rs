@@ -77,6 +77,16 @@ pub fn workspace_requirement(pass: Pass, dtype: ElementType, shape: &AttnShape) 
     })
 }
 
+/// Bytes the backward appends to its base workspace (at offset `workspace_requirement`) when it
+/// returns `dbias`: the f32 accumulator, one element per bias element (dense, like the bias).
+/// None when the dims are not a bias (a negative or overflowing count).
+pub fn dbias_workspace_bytes(bias_dims: [i64; 4]) -> Option<usize> {
+    bias_dims
+        .iter()
+        .try_fold(4usize, |acc, &d| usize::try_from(d).ok().and_then(|d| acc.checked_mul(d)))
+        .filter(|&n| n <= i64::MAX as usize)
+}
+
 /// [`workspace_requirement`] without the reason: None when unsupported.
 pub fn workspace_bytes(pass: Pass, dtype: ElementType, shape: &AttnShape) -> Option<usize> {
     workspace_requirement(pass, dtype, shape).ok()
@@ -158,9 +168,33 @@ pub fn forward_plan(dtype: ElementType, s: &AttnShape) -> Launch {
     }
 }
 
-/// The backward's launches, in stream order: preprocess (delta, zero dq_accum), the main kernel(s),
-/// and for f16/bf16 the dq conversion.
-pub fn backward_plan(dtype: ElementType, s: &AttnShape) -> Vec<Launch> {
+/// Threads per block of the grid-stride element kernels (dq conversion, dbias passes).
+const ELEMWISE_THREADS: usize = 256;
+
+/// A grid-stride pass over `n` elements: enough blocks to fill any GPU, capped to stay in range;
+/// an empty grid (skipped at launch) when there is nothing to do.
+fn elementwise(file: &'static str, kernel: &'static str, n: usize) -> Launch {
+    let blocks = if n == 0 { 0 } else { div_up(n, ELEMWISE_THREADS).clamp(1, 65_535 * 8) };
+    Launch { file, kernel, grid: (blocks, 1, 1), block: ELEMWISE_THREADS as u32, smem: 0 }
+}
+
+/// The backward's launches, in stream order. With `dbias_elems` (a call with `bias_grad`, the
+/// bias's element count) the dbias accumulator is zeroed first and rounded into `dbias` last
+/// (kernels/dbias.cuh); in between: preprocess (delta, zero dq_accum), the main kernel(s), and for
+/// f16/bf16 the dq conversion.
+pub fn backward_plan(dtype: ElementType, s: &AttnShape, dbias_elems: Option<usize>) -> Vec<Launch> {
+    let mut plan = Vec::with_capacity(5);
+    if let Some(n) = dbias_elems {
+        plan.push(elementwise("aux", "exla_rs_dbias_zero", n));
+    }
+    plan.extend(backward_main(dtype, s));
+    if let Some(n) = dbias_elems {
+        plan.push(elementwise("aux", "exla_rs_dbias_round", n));
+    }
+    plan
+}
+
+fn backward_main(dtype: ElementType, s: &AttnShape) -> Vec<Launch> {
     let d = s.head_dim;
     let ds = d.to_string();
     let rows = s.batch * s.seq_q * s.heads;
@@ -191,9 +225,6 @@ pub fn backward_plan(dtype: ElementType, s: &AttnShape) -> Vec<Launch> {
         ],
         _ => {
             let (warps, _, bn) = bwd_tc_traits(d);
-            // Grid-stride conversion: enough blocks to fill any GPU, capped to stay well in range.
-            let n = s.q_len();
-            let conv_blocks = div_up(n, 256).clamp(1, 65_535 * 8);
             vec![
                 pre,
                 Launch {
@@ -203,13 +234,7 @@ pub fn backward_plan(dtype: ElementType, s: &AttnShape) -> Vec<Launch> {
                     block: (32 * warps) as u32,
                     smem: bwd_smem_bytes(d) as u32,
                 },
-                Launch {
-                    file: "aux",
-                    kernel: name(&["exla_rs_bwd_convert_", dt(dtype)]),
-                    grid: (if n == 0 { 0 } else { conv_blocks }, 1, 1),
-                    block: 256,
-                    smem: 0,
-                },
+                elementwise("aux", name(&["exla_rs_bwd_convert_", dt(dtype)]), s.q_len()),
             ]
         }
     }
@@ -276,7 +301,8 @@ mod tests {
             let s = AttnShape { head_dim: d, ..s };
             for dtype in [ElementType::F32, ElementType::F16, ElementType::BF16] {
                 let mut launches = vec![forward_plan(dtype, &s)];
-                launches.extend(backward_plan(dtype, &s));
+                launches.extend(backward_plan(dtype, &s, None));
+                launches.extend(backward_plan(dtype, &s, Some(8 * 1000 * 777)));
                 for l in launches {
                     let f = crate::embedded::find(l.file).unwrap_or_else(|| panic!("no file {}", l.file));
                     assert!(
@@ -291,8 +317,42 @@ mod tests {
         }
         let f = forward_plan(ElementType::BF16, &AttnShape { head_dim: 128, ..s });
         assert_eq!((f.grid, f.block), ((8, 8, 3), 256));
-        let b = backward_plan(ElementType::F16, &AttnShape { head_dim: 64, ..s });
+        let b = backward_plan(ElementType::F16, &AttnShape { head_dim: 64, ..s }, None);
         assert_eq!(b[1].grid, (13, 2, 3)); // ceil(777 / 64) key tiles x Hkv x B
+    }
+
+    #[test]
+    fn dbias_passes_wrap_the_backward_only_with_bias_grad() {
+        let s = shape(3, 100, 77, 8, 2, 64);
+        for dtype in [ElementType::F32, ElementType::F16, ElementType::BF16] {
+            let base = backward_plan(dtype, &s, None);
+            assert!(base.iter().all(|l| !l.kernel.contains("dbias")), "{dtype}: {base:?}");
+            // {1, H, Sq, Sk}: 8 * 100 * 77 elements.
+            let n = 8 * 100 * 77;
+            let with = backward_plan(dtype, &s, Some(n));
+            assert_eq!(with.len(), base.len() + 2);
+            assert_eq!(with[0].kernel, "exla_rs_dbias_zero", "zeroed before anything accumulates");
+            assert_eq!(with[with.len() - 1].kernel, "exla_rs_dbias_round", "rounded after every accumulation");
+            assert_eq!(&with[1..with.len() - 1], &base[..]);
+            for l in [with[0], with[with.len() - 1]] {
+                assert_eq!((l.file, l.block, l.grid.1, l.grid.2), ("aux", 256, 1, 1));
+                assert_eq!(l.grid.0 as usize, n.div_ceil(256));
+            }
+            // A 1-element bias still gets one block; an empty one none (skipped at launch).
+            assert_eq!(backward_plan(dtype, &s, Some(1))[0].grid.0, 1);
+            assert_eq!(backward_plan(dtype, &s, Some(0))[0].grid.0, 0);
+        }
+    }
+
+    #[test]
+    fn dbias_workspace_is_one_f32_per_bias_element() {
+        assert_eq!(dbias_workspace_bytes([1, 8, 100, 77]), Some(4 * 8 * 100 * 77));
+        assert_eq!(dbias_workspace_bytes([3, 1, 1, 77]), Some(4 * 3 * 77));
+        assert_eq!(dbias_workspace_bytes([1, 1, 1, 1]), Some(4));
+        assert_eq!(dbias_workspace_bytes([0, 1, 1, 1]), Some(0));
+        assert_eq!(dbias_workspace_bytes([1, -1, 1, 1]), None);
+        assert_eq!(dbias_workspace_bytes([i64::MAX, 2, 1, 1]), None);
+        assert_eq!(dbias_workspace_bytes([1 << 31, 1 << 31, 1, 1]), None, "2^64 bytes overflow");
     }
 
     #[test]

@@ -4,20 +4,35 @@
 use crate::config::{self, Launch};
 use crate::driver::{self, check, guard, CUstream, StreamContext};
 use crate::modules;
-use crate::params::{kernel_window, softcap_inv, BwdParams, ExtraParams, FwdParams};
-use crate::{BwdBuffers, FwdBuffers};
+use crate::params::{extra_params, kernel_window, softcap_inv, BwdParams, FwdParams};
+use crate::{BwdBuffers, ExtraBuffers, FwdBuffers};
 use cudarc::driver::sys;
 use exla_rs_attn::{AttnError, AttnOptions, AttnShape, ElementType, Pass};
 use std::ffi::c_void;
 
-fn supported(pass: Pass, dtype: ElementType, shape: &AttnShape, workspace_bytes: usize) -> Result<(), AttnError> {
-    let need = config::workspace_requirement(pass, dtype, shape).map_err(AttnError::unimplemented)?;
-    if workspace_bytes < need {
-        return Err(AttnError::invalid(format!(
-            "workspace result has {workspace_bytes} bytes; exla_rs_flash_attn_workspace_bytes says this call needs {need}"
-        )));
+/// Checks the call has a kernel and enough workspace; returns the base workspace size, which is
+/// where the dbias accumulator starts when `dbias_elems` is given.
+fn supported(pass: Pass, dtype: ElementType, shape: &AttnShape, workspace_bytes: usize, dbias_elems: Option<usize>) -> Result<usize, AttnError> {
+    let base = config::workspace_requirement(pass, dtype, shape).map_err(AttnError::unimplemented)?;
+    let dbias = dbias_elems.map_or(0, |n| n * 4);
+    if workspace_bytes < base + dbias {
+        let why = if dbias > 0 {
+            format!("{base} (exla_rs_flash_attn_workspace_bytes) + {dbias} for the dbias accumulator (exla_rs_flash_attn_dbias_workspace_bytes)")
+        } else {
+            format!("{base} (exla_rs_flash_attn_workspace_bytes)")
+        };
+        return Err(AttnError::invalid(format!("workspace result has {workspace_bytes} bytes; this call needs {why}")));
     }
-    Ok(())
+    Ok(base)
+}
+
+/// The bias's element count when the backward returns dbias.
+fn dbias_elems(extras: &ExtraBuffers, dbias: u64) -> Result<Option<usize>, AttnError> {
+    match (&extras.bias, dbias) {
+        (_, 0) => Ok(None),
+        (Some(b), _) => Ok(Some(b.dims.iter().product())),
+        (None, _) => Err(AttnError::invalid("a dbias result needs a bias operand")),
+    }
 }
 
 /// Enqueues each launch with the same parameter block; empty grids are skipped.
@@ -69,7 +84,7 @@ pub unsafe fn forward(
     bufs: &FwdBuffers,
 ) -> Result<(), AttnError> {
     guard("exla_rs_flash_attn_fwd_cuda", || {
-        supported(Pass::Forward, dtype, shape, bufs.workspace_bytes)?;
+        supported(Pass::Forward, dtype, shape, bufs.workspace_bytes, None)?;
         driver::init()?;
         let [batch, seq_q, seq_k, heads, kv_heads, head_dim] = dims(shape);
         let p = FwdParams {
@@ -91,7 +106,7 @@ pub unsafe fn forward(
             window_left: kernel_window(opts.window_left),
             window_right: kernel_window(opts.window_right),
             softcap_inv: softcap_inv(opts.softcap),
-            x: ExtraParams::NONE,
+            x: extra_params(&bufs.extras),
         };
         run(stream as CUstream, &[config::forward_plan(dtype, shape)], &p)
     })
@@ -107,7 +122,8 @@ pub unsafe fn backward(
     bufs: &BwdBuffers,
 ) -> Result<(), AttnError> {
     guard("exla_rs_flash_attn_bwd_cuda", || {
-        supported(Pass::Backward, dtype, shape, bufs.workspace_bytes)?;
+        let dbias_elems = dbias_elems(&bufs.extras, bufs.dbias)?;
+        let base = supported(Pass::Backward, dtype, shape, bufs.workspace_bytes, dbias_elems)?;
         driver::init()?;
         let [batch, seq_q, seq_k, heads, kv_heads, head_dim] = dims(shape);
         let (delta_bytes, accum_bytes) = config::bwd_workspace_layout(dtype, shape);
@@ -137,11 +153,12 @@ pub unsafe fn backward(
             window_left: kernel_window(opts.window_left),
             window_right: kernel_window(opts.window_right),
             softcap_inv: softcap_inv(opts.softcap),
-            x: ExtraParams::NONE,
-            dbias_accum: std::ptr::null_mut(),
-            dbias: std::ptr::null_mut(),
-            dbias_elems: 0,
+            x: extra_params(&bufs.extras),
+            // The accumulator follows the base workspace (the contract's dbias workspace rule).
+            dbias_accum: if dbias_elems.is_some() { (ws + base as u64) as *mut f32 } else { std::ptr::null_mut() },
+            dbias: bufs.dbias as *mut c_void,
+            dbias_elems: dbias_elems.unwrap_or(0) as i64,
         };
-        run(stream as CUstream, &config::backward_plan(dtype, shape), &p)
+        run(stream as CUstream, &config::backward_plan(dtype, shape, dbias_elems), &p)
     })
 }

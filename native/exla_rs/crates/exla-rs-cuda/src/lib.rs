@@ -16,11 +16,46 @@ mod nvrtc;
 mod params;
 
 pub use arch::{parse_arch_list, Target, DEFAULT_ARCHS};
-pub use config::HEAD_DIMS;
+pub use config::{backward_plan, dbias_workspace_bytes, forward_plan, Launch, HEAD_DIMS};
 pub use driver::{status, CudaDevice, CudaStatus};
 pub use launch::{backward, forward};
+pub use params::{bias_strides, extra_params, ExtraParams};
 
 use exla_rs_attn::{AttnShape, ElementType, Pass};
+
+/// The bias operand: its device pointer, element type and `[Bb, Hb, Sqb, Skb]` dims (each 1 =
+/// broadcast, or the full size).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BiasBuffer {
+    pub ptr: u64,
+    pub dtype: ElementType,
+    pub dims: [usize; 4],
+}
+
+/// The dropout operand and attributes: the key stays in device memory (the kernels read it
+/// through `key`), threshold and scale come from `exla_rs_attn::philox`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct DropoutBuffer {
+    /// `u32[2]`, the Philox key.
+    pub key: u64,
+    /// Keep iff draw >= threshold.
+    pub threshold: u32,
+    /// `1 / (1 - rate)`.
+    pub scale: f32,
+}
+
+/// The contract's optional operands of one call (both passes); 0 / None = absent.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ExtraBuffers {
+    /// `[B, Sk]` integer mask, nonzero = visible.
+    pub key_mask: u64,
+    /// Its element size in bytes: 1, 2, 4 or 8 (0 without a mask).
+    pub key_mask_bytes: usize,
+    pub bias: Option<BiasBuffer>,
+    /// `f32[H]`.
+    pub alibi_slopes: u64,
+    pub dropout: Option<DropoutBuffer>,
+}
 
 /// Device pointers (CUdeviceptr values) of one forward call, as XLA passes them.
 #[derive(Clone, Debug, Default)]
@@ -32,6 +67,7 @@ pub struct FwdBuffers {
     pub q_start: u64,
     pub o: u64,
     pub lse: u64,
+    pub extras: ExtraBuffers,
     pub workspace: u64,
     pub workspace_bytes: usize,
 }
@@ -50,6 +86,10 @@ pub struct BwdBuffers {
     pub dq: u64,
     pub dk: u64,
     pub dv: u64,
+    pub extras: ExtraBuffers,
+    /// The `dbias` result (shaped and typed like the bias) when the call has `bias_grad`, else 0.
+    /// Its f32 accumulator follows the base workspace (see [`dbias_workspace_bytes`]).
+    pub dbias: u64,
     pub workspace: u64,
     pub workspace_bytes: usize,
 }

@@ -1,5 +1,7 @@
 //! The kernels' argument blocks, field for field `kernels/params.cuh` (one struct passed by value).
 
+use crate::ExtraBuffers;
+use exla_rs_attn::ElementType;
 use std::ffi::c_void;
 
 /// The widest window the kernels are given (`kWindowCap` in kernels/common.cuh). Any window of 2^40
@@ -63,6 +65,51 @@ impl ExtraParams {
         dropout_threshold: 0,
         dropout_scale: 1.0,
     };
+}
+
+/// Element strides `[b, h, q, k]` of a dense row-major `[Bb, Hb, Sqb, Skb]` bias, 0 on every
+/// broadcast (size-1) dimension, so `b*sb + h*sh + i*sq + j*sk` reads the entry of (b, h, i, j)
+/// for every full-size index. The dbias accumulator uses the same index (it is dense like the bias).
+pub fn bias_strides(dims: [usize; 4]) -> [i64; 4] {
+    let mut strides = [0i64; 4];
+    let mut dense = 1i64;
+    for axis in (0..4).rev() {
+        strides[axis] = if dims[axis] == 1 { 0 } else { dense };
+        dense *= dims[axis] as i64;
+    }
+    strides
+}
+
+/// `bias_dtype` of params.cuh: 0 = f32, 1 = f16, 2 = bf16.
+pub fn bias_dtype_code(dtype: ElementType) -> i32 {
+    match dtype {
+        ElementType::F32 => 0,
+        ElementType::F16 => 1,
+        ElementType::BF16 => 2,
+    }
+}
+
+/// The kernels' view of a call's optional operands.
+pub fn extra_params(x: &ExtraBuffers) -> ExtraParams {
+    let mut p = ExtraParams::NONE;
+    if x.key_mask != 0 {
+        p.key_mask = x.key_mask as *const c_void;
+        p.key_mask_bytes = x.key_mask_bytes as i32;
+    }
+    if let Some(b) = &x.bias {
+        p.bias = b.ptr as *const c_void;
+        p.bias_dtype = bias_dtype_code(b.dtype);
+        [p.bias_stride_b, p.bias_stride_h, p.bias_stride_q, p.bias_stride_k] = bias_strides(b.dims);
+    }
+    if x.alibi_slopes != 0 {
+        p.alibi_slopes = x.alibi_slopes as *const f32;
+    }
+    if let Some(d) = &x.dropout {
+        p.dropout_key = d.key as *const u32;
+        p.dropout_threshold = d.threshold;
+        p.dropout_scale = d.scale;
+    }
+    p
 }
 
 #[repr(C)]
@@ -226,6 +273,28 @@ mod tests {
         assert_eq!(kernel_window(-1), -1);
         assert_eq!(kernel_window(7), 7);
         assert!(include_str!("../../../kernels/common.cuh").contains("kWindowCap = 1LL << 40;"));
+    }
+
+    #[test]
+    fn bias_strides_are_dense_with_zeros_on_broadcast_dims() {
+        let (b, h, sq, sk) = (3usize, 4usize, 5usize, 7usize);
+        for mask in 0..16u32 {
+            let full = [b, h, sq, sk];
+            let dims: [usize; 4] = std::array::from_fn(|a| if mask & (1 << a) != 0 { 1 } else { full[a] });
+            let st = bias_strides(dims);
+            // Every (b, h, i, j) reads the dense row-major entry of its broadcast index.
+            for (bi, hi, ii, ji) in (0..b).flat_map(|x| (0..h).flat_map(move |y| (0..sq).flat_map(move |z| (0..sk).map(move |w| (x, y, z, w))))) {
+                let idx = [bi, hi, ii, ji];
+                let bc: [usize; 4] = std::array::from_fn(|a| if dims[a] == 1 { 0 } else { idx[a] });
+                let want = ((bc[0] * dims[1] + bc[1]) * dims[2] + bc[2]) * dims[3] + bc[3];
+                let got = st.iter().zip(idx).map(|(&s, i)| s * i as i64).sum::<i64>();
+                assert_eq!(got, want as i64, "dims {dims:?} index {idx:?}");
+            }
+        }
+        assert_eq!(bias_strides([1, 4, 5, 7]), [0, 35, 7, 1]);
+        assert_eq!(bias_strides([3, 1, 1, 7]), [7, 0, 0, 1]);
+        assert_eq!(bias_strides([3, 4, 5, 1]), [20, 5, 1, 0]);
+        assert_eq!(bias_strides([1, 1, 1, 1]), [0, 0, 0, 0]);
     }
 
     #[test]

@@ -1,12 +1,12 @@
 //! CUDA handlers: decode, take XLA's stream, enqueue the kernels through `exla_rs_cuda`. No
 //! synchronisation and no allocation here: scratch is the contract's trailing workspace result.
 
-use exla_rs_attn::Platform;
-use exla_rs_cuda::{BwdBuffers, FwdBuffers};
+use exla_rs_attn::{ElementType, Platform};
+use exla_rs_cuda::{BiasBuffer, BwdBuffers, DropoutBuffer, ExtraBuffers, FwdBuffers};
 use xla_ffi::sys::{XLA_FFI_CallFrame, XLA_FFI_Error};
 use xla_ffi::{run_handler, Buffer, CallFrame, FfiError};
 
-use crate::decode::{self, attn_error};
+use crate::decode::{self, attn_error, Extras};
 use crate::targets::{BWD_INFO, FWD_INFO};
 
 pub(crate) unsafe fn forward_handler(frame: *mut XLA_FFI_CallFrame) -> *mut XLA_FFI_Error {
@@ -26,6 +26,25 @@ fn workspace(ws: &Option<Buffer<'_>>) -> (u64, usize) {
     ws.as_ref().map_or((0, 0), |w| (dptr(w), w.element_count()))
 }
 
+/// The decoded optional operands as the CUDA launcher takes them: device pointers, the key
+/// mask's element size, the bias's type and dims (the launcher derives the broadcast strides),
+/// and dropout's threshold and scale (the key stays in device memory: no host round trip).
+pub fn extra_buffers(ex: &Extras<'_>) -> ExtraBuffers {
+    ExtraBuffers {
+        key_mask: ex.key_mask.as_ref().map_or(0, dptr),
+        // decode accepted only integer/pred types, whose sizes are 1, 2, 4 or 8.
+        key_mask_bytes: ex.key_mask.as_ref().map_or(0, |m| m.dtype.size_bytes().unwrap_or(1)),
+        bias: ex.bias.as_ref().map(|b| BiasBuffer {
+            ptr: dptr(b),
+            // decode accepted only f32/f16/bf16 biases of rank 4 with non-negative dims.
+            dtype: ElementType::from_xla_code(b.dtype.0).unwrap_or(ElementType::F32),
+            dims: [0, 1, 2, 3].map(|a| b.dims[a] as usize),
+        }),
+        alibi_slopes: ex.alibi_slopes.as_ref().map_or(0, dptr),
+        dropout: ex.dropout.as_ref().map(|d| DropoutBuffer { key: dptr(&d.key), threshold: d.rate.threshold, scale: d.rate.scale }),
+    }
+}
+
 fn forward(frame: &CallFrame<'_>) -> Result<(), FfiError> {
     let target = frame.target();
     let call = decode::forward(target, frame, Platform::Cuda)?;
@@ -40,6 +59,7 @@ fn forward(frame: &CallFrame<'_>) -> Result<(), FfiError> {
         q_start: dptr(&c.q_start),
         o: dptr(&call.o),
         lse: dptr(&call.lse),
+        extras: extra_buffers(&c.extras),
         workspace: ws,
         workspace_bytes: ws_bytes,
     };
@@ -65,6 +85,8 @@ fn backward(frame: &CallFrame<'_>) -> Result<(), FfiError> {
         dq: dptr(&call.dq),
         dk: dptr(&call.dk),
         dv: dptr(&call.dv),
+        extras: extra_buffers(&c.extras),
+        dbias: call.dbias.as_ref().map_or(0, dptr),
         workspace: ws,
         workspace_bytes: ws_bytes,
     };

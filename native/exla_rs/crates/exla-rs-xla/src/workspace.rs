@@ -32,6 +32,31 @@ pub fn platform_workspace(pass: Pass, platform: Platform, dtype: ElementType, sh
     }
 }
 
+/// Bytes a backward with `bias_grad` appends to the base workspace (`workspace_bytes`) for a bias
+/// of dims `[bb, hb, sqb, skb]`: the whole workspace is then at least base + this, and the extra
+/// part starts at offset base. 0 = none (the Host allocates its own dbias scratch); -1 for an
+/// unknown platform code or dims that are not a bias (negative, or a byte count past i64).
+pub fn dbias_workspace_bytes(platform: i32, bb: i64, hb: i64, sqb: i64, skb: i64) -> i64 {
+    let Some(platform) = Platform::from_code(platform) else {
+        return -1;
+    };
+    let Some(bytes) = exla_rs_cuda::dbias_workspace_bytes([bb, hb, sqb, skb]) else {
+        return -1;
+    };
+    match platform {
+        Platform::Host => 0,
+        Platform::Cuda => bytes as i64,
+    }
+}
+
+/// The C export of [`dbias_workspace_bytes`] (docs/flash-attention-contract.md, "The workspace
+/// rule"): kept beside the rule it extends rather than in lib.rs's list of exports.
+#[no_mangle]
+pub extern "C" fn exla_rs_flash_attn_dbias_workspace_bytes(platform: i32, bb: i64, hb: i64, sqb: i64, skb: i64) -> i64 {
+    // Never unwind into C.
+    std::panic::catch_unwind(|| dbias_workspace_bytes(platform, bb, hb, sqb, skb)).unwrap_or(-1)
+}
+
 /// Feature bits of `exla_rs_flash_attn_features` (docs/flash-attention-contract.md).
 pub const FEATURE_KEY_MASK: u32 = 1;
 pub const FEATURE_BIAS: u32 = 2;
@@ -44,7 +69,7 @@ pub const FEATURE_DROPOUT: u32 = 16;
 /// Elixir layer keeps such calls on the Nx fallback.
 pub fn features(platform: Platform) -> u32 {
     match platform {
-        Platform::Host => FEATURE_KEY_MASK | FEATURE_BIAS | FEATURE_ALIBI | FEATURE_BIAS_GRAD,
+        Platform::Host => FEATURE_KEY_MASK | FEATURE_BIAS | FEATURE_ALIBI | FEATURE_BIAS_GRAD | FEATURE_DROPOUT,
         Platform::Cuda => 0,
     }
 }
