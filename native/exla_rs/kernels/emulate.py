@@ -432,19 +432,24 @@ def flash_fwd(q, k, v, kv_len, q_start, scale, softcap, wl, wr, ex=None):
                         if (not full or has_bias) and not np.isfinite(sV).all():
                             # The rare path of flash_fwd.cuh: NaN where a visible key's V is
                             # non-finite, then the tile's non-finite V elements become +0.
+                            # Vectorised over the lanes: lane l takes key `key` iff it lies in its
+                            # row's [lo, hi) and neither key_mask nor a -inf bias hides it.
                             for r in range(2):
-                                for lane in range(32):
-                                    lo, hi = max(lo_r[r][lane], n0), min(hi_r[r][lane], n0 + BN)
-                                    for key in range(lo, hi):
-                                        if not (km_bits >> (key - n0)) & 1:
-                                            continue
-                                        row = row_a[lane] + 8 * r
-                                        if has_bias and row < Sq and ex.flat[ex.bias_offset(b, h, row, key)] == -np.inf:
-                                            continue
-                                        for c in range(D // 4):
-                                            off = at(swk, "key - n0, (c >> 1) * 8 + tig * 2 + (c & 1)", "flash_fwd.cuh", key=key, n0=n0, c=c, tig=TIG)
-                                            if not np.isfinite(sV[off[lane]]):
-                                                acc[c >> 1, lane, 2 * r + (c & 1)] = np.nan
+                                lo, hi = np.maximum(lo_r[r], n0), np.minimum(hi_r[r], n0 + BN)
+                                row = row_a + 8 * r
+                                for key in range(int(lo.min()), int(hi.max())):
+                                    sees = (lo <= key) & (key < hi)
+                                    if not (km_bits >> (key - n0)) & 1:
+                                        continue
+                                    if has_bias:
+                                        ok = row < Sq
+                                        sees &= ~(ok & (ex.bias_at(ex.bias_offset(b, h, row, key), ok) == -np.inf))
+                                    if not sees.any():
+                                        continue
+                                    for c in range(D // 4):
+                                        off = at(swk, "key - n0, (c >> 1) * 8 + tig * 2 + (c & 1)", "flash_fwd.cuh", key=key, n0=n0, c=c, tig=TIG)
+                                        hit = sees & ~np.isfinite(sV[off])
+                                        acc[c >> 1, hit, 2 * r + (c & 1)] = np.nan
                             sV[~np.isfinite(sV)] = 0
                         for r in range(2):
                             mx = np.maximum(rmax[r], np.max(s[:, :, 2 * r:2 * r + 2], axis=(0, 2)))
@@ -803,11 +808,13 @@ def check_extras(rng):
     with GQA, causal/windows, kv_len, q_start, hidden 64-key tiles and fully masked rows."""
     NAN = float("nan")
     # (dtype, B, Sq, Sk, H, Hkv, D, wl, wr, cap, kv_len, q_start, key_mask (b -> list of hidden key
-    # ranges), bias (shape, dtype, specials), alibi, dropout rate, dbias)
+    # ranges), bias (shape, dtype, specials), alibi, dropout rate, dbias[, v poison (b, key, kv head,
+    # col, value) at keys no row may see: hidden by key_mask or by a -inf bias column])
     cases = [
         # u8 mask with holes and a hidden 64-key tile, full f32 bias with a -inf entry and NaN on a hidden key, causal
         ("bf16", 2, 40, 200, 2, 1, 64, -1, 0, 0.0, [200, 150], [160, 110], ("u1", {0: [(64, 128), (170, 171)], 1: [(5, 9)]}),
-         ("B,H,Sq,Sk", "f32", [((0, 1, 10, 165), -np.inf), ((1, 0, 3, 7), NAN)]), False, 0.0, True),
+         ("B,H,Sq,Sk", "f32", [((0, 1, 10, 165), -np.inf), ((1, 0, 3, 7), NAN)]), False, 0.0, True,
+         [(0, 170, 0, 3, NAN), (1, 6, 0, 0, float("inf"))]),
         # GQA, Sqb = 1 bf16 bias, ALiBi, window, negative q_start, Sqb = 1 dbias summed per key in registers
         ("bf16", 1, 33, 70, 4, 2, 128, 5, 3, 0.0, [66], [-3], None, ("1,H,1,Sk", "bf16", []), True, 0.0, True),
         # Hb = Skb = 1 f16 bias (dbias summed over the warp's keys), dropout, causal, f16 operands
@@ -818,7 +825,8 @@ def check_extras(rng):
         # D = 256: a batch row whose keys are all hidden (lse = -inf, o = 0), [1,1,Sq,Sk] bias, ALiBi,
         # dropout, softcap; u32 mask
         ("f16", 2, 20, 37, 2, 2, 256, -1, -1, 5.0, [37, 37], [0, 3], ("u4", {1: [(0, 37)], 0: [(10, 12)]}),
-         ("1,1,Sq,Sk", "bf16", [((0, 0, 2, 5), -np.inf)]), True, 0.1, True),
+         ("1,1,Sq,Sk", "bf16", [((0, 0, 2, 5), -np.inf), ((0, 0, slice(None), 20), -np.inf)]), True, 0.1, True,
+         [(0, 20, 1, 7, NAN), (0, 11, 0, 2, -float("inf"))]),
         # D = 96, u64 mask hiding a whole 64-key block in the backward, every key of one query
         # hidden by a -inf bias entry, f16 bias [B,H,Sq,1]
         ("bf16", 1, 30, 140, 2, 1, 96, -1, -1, 0.0, [140], [0], ("u8", {0: [(0, 64)]}),
@@ -826,9 +834,14 @@ def check_extras(rng):
     ]
     worst = 0.0
     dims_of = {"B": 0, "H": 1, "Sq": 2, "Sk": 3}
-    for (dt, b, sq, sk, h, hkv, d, wl, wr, cap, kv_len, qs, km, bias_spec, alibi, rate, want_dbias) in cases:
+    for case in cases:
+        (dt, b, sq, sk, h, hkv, d, wl, wr, cap, kv_len, qs, km, bias_spec, alibi, rate, want_dbias) = case[:17]
+        poison_v = case[17] if len(case) > 17 else []
         ROUND[0] = bf16 if dt == "bf16" else f16
         q, k, v, do = (rnd(rng.standard_normal(sh, np.float32)) for sh in [(b, sq, h, d), (b, sk, hkv, d), (b, sk, hkv, d), (b, sq, h, d)])
+        v_ref = v.copy()  # the reference reads zeros there: no row sees those keys
+        for (bb, j, hh, c, val) in poison_v:
+            v[bb, j, hh, c], v_ref[bb, j, hh, c] = val, 0
         kv_len, qs = np.array(kv_len, np.int32), np.array(qs, np.int32)
         key_mask = None
         if km is not None:
@@ -848,7 +861,7 @@ def check_extras(rng):
         drop = (int(rng.integers(0, 2**32)), int(rng.integers(0, 2**32)), rate) if rate > 0 else None
         ex = Extras(key_mask=key_mask, bias=bias, alibi=slopes, dropout=drop, dbias=want_dbias)
         scale = 1 / math.sqrt(d)
-        ro, rl, rdq, rdk, rdv, rdb = ref_extras(q, k, v, do, kv_len, qs, scale, cap, wl, wr, ex)
+        ro, rl, rdq, rdk, rdv, rdb = ref_extras(q, k, v_ref, do, kv_len, qs, scale, cap, wl, wr, ex)
         o, lse = flash_fwd(q, k, v, kv_len, qs, scale, cap, wl, wr, ex)
         assert np.isfinite(o).all() and not np.isnan(lse).any(), "NaN/inf in the forward with extras"
         assert np.array_equal(np.isneginf(lse), np.isneginf(rl)), "fully masked rows differ"
@@ -865,7 +878,8 @@ def check_extras(rng):
             errs.append(np.abs(db - rdb).max() / max(rdb_mag.max(), 1e-2))
         print(f"extras {dt} D={d:3d} B={b} Sq={sq} Sk={sk} H={h}/{hkv} w=({wl},{wr}) cap={cap} mask={km and km[0]} "
               f"bias={bias_spec and bias_spec[:2]} alibi={alibi} rate={rate}: o {e_o:.1e} lse {e_l:.1e} "
-              f"dq {errs[0]:.1e} dk {errs[1]:.1e} dv {errs[2]:.1e}" + (f" dbias {errs[3]:.1e}" if want_dbias else ""), flush=True)
+              f"dq {errs[0]:.1e} dk {errs[1]:.1e} dv {errs[2]:.1e}" + (f" dbias {errs[3]:.1e}" if want_dbias else "") +
+              (f" v poison at {len(poison_v)} hidden keys" if poison_v else ""), flush=True)
         worst = max(worst, e_o, e_l, *errs)
     ROUND[0] = bf16
     assert STATS["tiles_skipped"] > 0 and STATS["blocks_skipped"] > 0, f"no key_mask tile skip exercised: {STATS}"
