@@ -60,6 +60,8 @@ done
 # The tensor-core kernels' fragment and address math, emulated lane by lane on the CPU against
 # float64 (the real kernels need a GPU; test/gpu runs them there).
 step "CUDA kernel emulation" "$EXLA_RS_VENVS/jax-0.10.2/bin/python" native/exla_rs/kernels/emulate.py
+# The sm90 (wgmma/TMA) forward: its fragments, descriptors, TMA boxes and tile pipeline.
+step "CUDA sm90 kernel emulation" "$EXLA_RS_VENVS/jax-0.10.2/bin/python" native/exla_rs/kernels/sm90/emulate_wgmma.py
 # No kernel may spill: any LDL/STL in the SASS of the release build's fatbins fails CI (per-kernel
 # instruction/HMMA/integer-op counts are printed too: the signal for kernel work without a GPU).
 step "CUDA kernels: SASS statistics, no spills" "$EXLA_RS_VENVS/jax-0.10.2/bin/python" native/exla_rs/kernels/sass_stats.py --check-spills

@@ -3,6 +3,11 @@
 //! none) and its source with the headers inlined, which NVRTC compiles at first use when the
 //! fatbin has no image for the GPU (or nvcc was absent at build time).
 //!
+//! Two instantiation sets: `kernels/inst` (mma.sync, every target of the list) and
+//! `kernels/sm90/inst` (wgmma/TMA/setmaxnreg, machine code for `sm_90a` only, built whenever the
+//! list has a compute capability 9.0 target; `-gencode arch=compute_90a,code=sm_90a`, the form
+//! nvcc 13.0 assembles). The table records each file's set so the loader and NVRTC pick its arch.
+//!
 //! Environment: `EXLA_RS_CUDA_ARCHS` (targets, default in src/arch.rs), `EXLA_RS_CUDA_NVCC=0`
 //! (skip nvcc: NVRTC only), `NVCC` (the compiler), `CUDA_HOME` / `CUDA_PATH` (`$X/bin/nvcc`), PATH.
 //! With nvcc present, a kernel that fails to compile fails the build: CI must see it.
@@ -30,13 +35,22 @@ fn main() {
     let arch_list = std::env::var("EXLA_RS_CUDA_ARCHS").unwrap_or_else(|_| arch::DEFAULT_ARCHS.to_string());
     let targets = arch::parse_arch_list(&arch_list).unwrap_or_else(|e| panic!("{e}"));
 
-    let mut files: Vec<PathBuf> = std::fs::read_dir(kernels.join("inst"))
-        .expect("kernels/inst")
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|x| x == "cu"))
-        .collect();
-    files.sort();
-    assert!(!files.is_empty(), "no kernels in {}", kernels.join("inst").display());
+    let list_cu = |dir: PathBuf| -> Vec<PathBuf> {
+        let mut v: Vec<PathBuf> = std::fs::read_dir(&dir)
+            .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.extension().is_some_and(|x| x == "cu"))
+            .collect();
+        v.sort();
+        assert!(!v.is_empty(), "no kernels in {}", dir.display());
+        v
+    };
+    let mma_files = list_cu(kernels.join("inst"));
+    let sm90_files = list_cu(kernels.join("sm90/inst"));
+    let files: Vec<PathBuf> = mma_files.iter().chain(&sm90_files).cloned().collect();
+    // The sm_90a set is built when the list targets compute capability 9.0 machine code.
+    let sm90_target = arch::Target::Sass { major: 9, minor: 0, arch_specific: true };
+    let build_sm90 = targets.iter().any(|t| matches!(t, arch::Target::Sass { .. }) && t.version() == (9, 0));
 
     // Sources with their includes inlined: NVRTC then needs no include path or header list.
     let flat_dir = out.join("flat");
@@ -58,8 +72,12 @@ fn main() {
             (None, Some(why))
         }
     };
+    let mut jobs: Vec<(&PathBuf, Vec<arch::Target>)> = mma_files.iter().map(|f| (f, targets.clone())).collect();
+    if build_sm90 {
+        jobs.extend(sm90_files.iter().map(|f| (f, vec![sm90_target])));
+    }
     if let Some(nvcc) = &nvcc {
-        compile_all(nvcc, &files, &targets, &out, &kernels);
+        compile_all(nvcc, &jobs, &out, &kernels);
     }
 
     // The generated table.
@@ -73,13 +91,15 @@ fn main() {
     writeln!(g, "pub static KERNEL_FILES: &[KernelFile] = &[").unwrap();
     for f in &files {
         let stem = f.file_stem().unwrap().to_str().unwrap();
-        let fatbin = if nvcc.is_some() {
+        let sm90 = sm90_files.contains(f);
+        let set = if sm90 { "KernelSet::Sm90a" } else { "KernelSet::MmaSync" };
+        let fatbin = if nvcc.is_some() && (!sm90 || build_sm90) {
             format!("Some(include_bytes!({:?}))", out.join(format!("{stem}.fatbin")).display().to_string())
         } else {
             "None".to_string()
         };
         let src = flat_dir.join(f.file_name().unwrap()).display().to_string();
-        writeln!(g, "    KernelFile {{ name: {stem:?}, fatbin: {fatbin}, source: include_str!({src:?}) }},").unwrap();
+        writeln!(g, "    KernelFile {{ name: {stem:?}, set: {set}, fatbin: {fatbin}, source: include_str!({src:?}) }},").unwrap();
     }
     writeln!(g, "];").unwrap();
     std::fs::write(out.join("exla_rs_kernels.rs"), g).unwrap();
@@ -133,7 +153,7 @@ fn nvcc_version(nvcc: &Path) -> String {
 }
 
 /// Compiles every file on as many threads as cargo gives this build (NUM_JOBS).
-fn compile_all(nvcc: &Path, files: &[PathBuf], targets: &[arch::Target], out: &Path, kernels: &Path) {
+fn compile_all(nvcc: &Path, files: &[(&PathBuf, Vec<arch::Target>)], out: &Path, kernels: &Path) {
     let jobs: usize = std::env::var("NUM_JOBS")
         .ok()
         .and_then(|j| j.parse().ok())
@@ -145,7 +165,7 @@ fn compile_all(nvcc: &Path, files: &[PathBuf], targets: &[arch::Target], out: &P
     std::thread::scope(|s| {
         for _ in 0..jobs.min(files.len()) {
             s.spawn(|| loop {
-                let Some(f) = queue.lock().unwrap().pop() else { break };
+                let Some((f, targets)) = queue.lock().unwrap().pop() else { break };
                 if let Err(e) = compile_one(nvcc, f, targets, out, kernels) {
                     failures.lock().unwrap().push(e);
                 }
@@ -156,10 +176,12 @@ fn compile_all(nvcc: &Path, files: &[PathBuf], targets: &[arch::Target], out: &P
     if !failures.is_empty() {
         panic!("nvcc failed on {} kernel file(s):\n{}", failures.len(), failures.join("\n"));
     }
+    let mut sets: Vec<String> = files.iter().map(|(_, t)| t.iter().map(|t| t.name()).collect::<Vec<_>>().join(",")).collect();
+    sets.dedup();
     println!(
         "cargo:warning=exla-rs-cuda: nvcc compiled {} kernel files for {} in {:.0?} ({jobs} jobs)",
         files.len(),
-        targets.iter().map(|t| t.name()).collect::<Vec<_>>().join(","),
+        sets.join(" + "),
         started.elapsed()
     );
 }

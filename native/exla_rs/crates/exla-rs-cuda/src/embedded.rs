@@ -2,11 +2,22 @@
 //! and its self-contained source (always, for NVRTC). Also a reader for the fatbin container, so
 //! tests and `kernel_build()` can say which GPU targets are really inside.
 
-/// One `kernels/inst/*.cu` file.
+/// Which instantiation set a file belongs to; it fixes the targets it is compiled for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KernelSet {
+    /// `kernels/inst`: mma.sync kernels, every target of `EXLA_RS_CUDA_ARCHS`.
+    MmaSync,
+    /// `kernels/sm90/inst`: wgmma/TMA kernels, machine code for `sm_90a` only (built when the
+    /// list has a 9.0 target); they run on compute capability 9.0 and nowhere else.
+    Sm90a,
+}
+
+/// One `kernels/inst/*.cu` or `kernels/sm90/inst/*.cu` file.
 #[derive(Debug)]
 pub struct KernelFile {
-    /// The file stem, e.g. `fwd_bf16_d128`.
+    /// The file stem, e.g. `fwd_bf16_d128`, `sm90_fwd_bf16_d128`.
     pub name: &'static str,
+    pub set: KernelSet,
     pub fatbin: Option<&'static [u8]>,
     /// The source with its headers inlined.
     pub source: &'static str,

@@ -108,6 +108,10 @@ pub unsafe fn forward(
             softcap_inv: softcap_inv(opts.softcap),
             x: extra_params(&bufs.extras),
         };
+        // Hopper: the sm90 forward (src/sm90.rs) when the device and the call allow it.
+        if crate::sm90::forward(stream as CUstream, dtype, shape, &p)? {
+            return Ok(());
+        }
         run(stream as CUstream, &[config::forward_plan(dtype, shape)], &p)
     })
 }

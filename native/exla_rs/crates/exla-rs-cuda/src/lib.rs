@@ -14,6 +14,7 @@ mod launch;
 mod modules;
 mod nvrtc;
 mod params;
+mod sm90;
 
 pub use arch::{parse_arch_list, Target, DEFAULT_ARCHS};
 pub use config::{backward_plan, dbias_workspace_bytes, forward_plan, Launch, HEAD_DIMS};

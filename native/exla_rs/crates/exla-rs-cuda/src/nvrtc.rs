@@ -2,7 +2,7 @@
 //! the GPU can run. Results are cached per (file, architecture) for the life of the process.
 
 use crate::driver::guard;
-use crate::embedded::KernelFile;
+use crate::embedded::{KernelFile, KernelSet};
 use cudarc::nvrtc::sys;
 use exla_rs_attn::AttnError;
 use std::collections::HashMap;
@@ -109,7 +109,18 @@ fn compile_uncached(file: &KernelFile, cc: (i32, i32)) -> Result<Vec<u8>, AttnEr
     if r != NVRTC_SUCCESS {
         return Err(fail("nvrtcCreateProgram", r));
     }
-    let opts: Vec<CString> = [format!("--gpu-architecture=sm_{}{}", cc.0, cc.1), "-std=c++17".into(), "-lineinfo".into()]
+    // The sm_90a set uses wgmma/setmaxnreg: architecture-specific code, for 9.0 only.
+    let arch = match file.set {
+        KernelSet::MmaSync => format!("sm_{}{}", cc.0, cc.1),
+        KernelSet::Sm90a if cc == (9, 0) => "sm_90a".to_string(),
+        KernelSet::Sm90a => {
+            return Err(AttnError::unimplemented(format!(
+                "{} is sm_90a code; this device has compute capability {}.{}",
+                file.name, cc.0, cc.1
+            )))
+        }
+    };
+    let opts: Vec<CString> = [format!("--gpu-architecture={arch}"), "-std=c++17".into(), "-lineinfo".into()]
         .into_iter()
         .map(|s| CString::new(s).unwrap())
         .collect();
@@ -164,12 +175,22 @@ mod tests {
             eprintln!("skipping the NVRTC compile: {why}");
             return;
         }
-        for (file, cc) in [("aux", (8, 0)), ("fwd_bf16_d64", (9, 0)), ("bwd_f16_d96", (8, 6)), ("f32_d32", (8, 0))] {
+        for (file, cc) in [
+            ("aux", (8, 0)),
+            ("fwd_bf16_d64", (9, 0)),
+            ("bwd_f16_d96", (8, 6)),
+            ("f32_d32", (8, 0)),
+            ("sm90_fwd_bf16_d128", (9, 0)),
+        ] {
             let k = crate::embedded::find(file).unwrap();
             let cubin = compile(k, cc).unwrap_or_else(|e| panic!("{file}: {e}"));
             assert_eq!(&cubin[..4], b"\x7fELF", "{file} sm_{}{}: not a cubin", cc.0, cc.1);
             let again = compile(k, cc).unwrap();
             assert!(Arc::ptr_eq(&cubin, &again), "compiled twice");
         }
+        // sm_90a code is refused for any other device, before NVRTC runs.
+        let k = crate::embedded::find("sm90_fwd_f16_d64").unwrap();
+        let e = compile(k, (8, 9)).unwrap_err().to_string();
+        assert!(e.contains("sm_90a") && e.contains("8.9"), "{e}");
     }
 }

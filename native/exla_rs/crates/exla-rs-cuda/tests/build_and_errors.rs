@@ -23,7 +23,8 @@ fn driver_present() -> bool {
 #[test]
 fn every_kernel_file_is_embedded_with_a_self_contained_source() {
     let files = embedded::KERNEL_FILES;
-    assert_eq!(files.len(), 31, "kernels/generate.py writes 31 files");
+    assert_eq!(files.iter().filter(|k| k.set == embedded::KernelSet::MmaSync).count(), 31, "kernels/generate.py writes 31 files");
+    assert_eq!(files.iter().filter(|k| k.set == embedded::KernelSet::Sm90a).count(), 6, "kernels/sm90/generate.py writes 6 files");
     for k in files {
         assert!(k.source.contains("extern \"C\" __global__"), "{}", k.name);
         assert!(!k.source.contains("#include"), "{}: includes must be inlined for NVRTC", k.name);
@@ -57,7 +58,17 @@ fn fatbins_hold_exactly_the_configured_targets() {
         })
         .collect();
     assert!(!info.embedded_archs.is_empty());
-    for k in embedded::KERNEL_FILES {
+    // The sm_90a set: exactly sm_90a machine code (the fatbin records arch 90), built whenever
+    // the list has a 9.0 machine-code target, absent otherwise.
+    let sm90_built = targets.iter().any(|t| matches!(t, Target::Sass { .. }) && t.version() == (9, 0));
+    for k in embedded::KERNEL_FILES.iter().filter(|k| k.set == embedded::KernelSet::Sm90a) {
+        match (k.fatbin, sm90_built) {
+            (Some(fb), true) => assert_eq!(fatbin_images(fb).unwrap(), [Image::Sass(90)], "{}", k.name),
+            (None, false) => {}
+            (fb, _) => panic!("{}: fatbin present = {}, sm_90 in the list = {sm90_built}", k.name, fb.is_some()),
+        }
+    }
+    for k in embedded::KERNEL_FILES.iter().filter(|k| k.set == embedded::KernelSet::MmaSync) {
         let fb = k.fatbin.unwrap_or_else(|| panic!("{} has no fatbin", k.name));
         assert_eq!(u32::from_le_bytes(fb[..4].try_into().unwrap()), FATBIN_MAGIC, "{}", k.name);
         let mut got = fatbin_images(fb).unwrap_or_else(|e| panic!("{}: {e}", k.name));

@@ -1,0 +1,356 @@
+//! The Hopper forward (`kernels/sm90`, sm_90a: wgmma, TMA, warp specialisation): which calls take
+//! it, its tiles (the Rust mirror of `sm90::FwdTraits` in kernels/sm90/flash_fwd_sm90.cuh: change
+//! both), the TMA tensor maps, the persistent grid and the launch. Everything else stays on the
+//! mma.sync kernels (launch.rs), and so does the backward.
+//!
+//! `EXLA_RS_CUDA_PATH` (read once per process): unset / `auto` = the sm90 forward wherever it
+//! applies; `mma` = always the mma.sync kernels; `sm90` = the sm90 forward, and an UNIMPLEMENTED
+//! error for a forward call it cannot run (the backward has only the mma.sync path). Calls with no
+//! query rows or no keys run on mma.sync under every setting: no tensor map describes an empty
+//! tensor, and the mma.sync kernels already write their `o = 0`, `lse = -inf`.
+
+use crate::driver::{self, check, CUstream, StreamContext};
+use crate::modules;
+use crate::params::FwdParams;
+use cudarc::driver::sys;
+use exla_rs_attn::{AttnError, AttnShape, ElementType};
+use std::ffi::c_void;
+use std::sync::OnceLock;
+
+/// Head dims with an sm90 instantiation (kernels/sm90/generate.py).
+pub const SM90_HEAD_DIMS: [usize; 3] = [64, 128, 256];
+
+/// Which kernel set runs a forward call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FwdPath {
+    MmaSync,
+    Sm90,
+}
+
+/// The `EXLA_RS_CUDA_PATH` setting.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PathOverride {
+    Auto,
+    ForceMma,
+    ForceSm90,
+}
+
+impl PathOverride {
+    pub fn parse(value: Option<&str>) -> Result<Self, String> {
+        match value.map(str::trim) {
+            None | Some("") | Some("auto") => Ok(Self::Auto),
+            Some("mma") => Ok(Self::ForceMma),
+            Some("sm90") => Ok(Self::ForceSm90),
+            Some(other) => Err(format!("EXLA_RS_CUDA_PATH={other:?}: expected auto, mma or sm90")),
+        }
+    }
+
+    fn from_env() -> Result<Self, String> {
+        static SETTING: OnceLock<Result<PathOverride, String>> = OnceLock::new();
+        SETTING.get_or_init(|| PathOverride::parse(std::env::var("EXLA_RS_CUDA_PATH").ok().as_deref())).clone()
+    }
+}
+
+/// Why the sm90 forward cannot run this call, or Ok.
+pub fn sm90_supports(cc: (i32, i32), dtype: ElementType, shape: &AttnShape, has_optional_operands: bool) -> Result<(), String> {
+    if cc != (9, 0) {
+        return Err(format!("the sm90 kernels are sm_90a code; this device has compute capability {}.{}", cc.0, cc.1));
+    }
+    if dtype == ElementType::F32 {
+        return Err("the sm90 forward runs f16 and bf16 (f32 stays on the exact SIMT kernels)".into());
+    }
+    if !SM90_HEAD_DIMS.contains(&shape.head_dim) {
+        return Err(format!("the sm90 forward has head dims {SM90_HEAD_DIMS:?}, not {}", shape.head_dim));
+    }
+    if has_optional_operands {
+        return Err("the sm90 forward runs no optional operand (key_mask, bias, ALiBi, dropout)".into());
+    }
+    // TMA: every global stride below 2^40 bytes (batch stride is the largest).
+    let batch_stride = shape.seq_q.max(shape.seq_k) * shape.heads.max(shape.kv_heads) * shape.head_dim * 2;
+    if batch_stride as u64 >= 1 << 40 {
+        return Err(format!("a batch row of {batch_stride} bytes exceeds TMA's 2^40-byte stride limit"));
+    }
+    Ok(())
+}
+
+/// The forward's kernel set for a call: a pure function of the device, the call and the setting.
+pub fn choose_forward(
+    cc: (i32, i32),
+    dtype: ElementType,
+    shape: &AttnShape,
+    has_optional_operands: bool,
+    setting: PathOverride,
+) -> Result<FwdPath, String> {
+    if shape.seq_q == 0 || shape.seq_k == 0 || shape.batch == 0 || setting == PathOverride::ForceMma {
+        return Ok(FwdPath::MmaSync);
+    }
+    match (sm90_supports(cc, dtype, shape, has_optional_operands), setting) {
+        (Ok(()), _) => Ok(FwdPath::Sm90),
+        (Err(why), PathOverride::ForceSm90) => Err(format!("EXLA_RS_CUDA_PATH=sm90: {why}")),
+        (Err(_), _) => Ok(FwdPath::MmaSync),
+    }
+}
+
+/// `sm90::FwdTraits<D>`: query rows per block, keys per tile, pipeline stages.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Sm90FwdTiles {
+    pub block_m: usize,
+    pub block_n: usize,
+    pub stages: usize,
+    pub threads: u32,
+}
+
+pub fn fwd_tiles(d: usize) -> Sm90FwdTiles {
+    Sm90FwdTiles { block_m: 128, block_n: if d <= 128 { 128 } else { 64 }, stages: if d <= 64 { 3 } else { 2 }, threads: 384 }
+}
+
+/// `FwdTraits<D>::kSmemBytes`: Q, the K and V stages, the mbarriers, 1 KiB to align the atoms.
+pub fn fwd_smem_bytes(d: usize) -> u32 {
+    let t = fwd_tiles(d);
+    let barriers = 3 + 4 * t.stages;
+    (t.block_m * d * 2 + 2 * t.stages * t.block_n * d * 2 + barriers * 8 + 1024) as u32
+}
+
+/// Persistent grid: one block per SM (each takes all of an SM's shared memory and 384 threads),
+/// never more blocks than work tiles.
+pub fn fwd_grid(shape: &AttnShape, sm_count: u32) -> u32 {
+    let tiles = shape.seq_q.div_ceil(fwd_tiles(shape.head_dim).block_m) * shape.heads * shape.batch;
+    tiles.min(sm_count.max(1) as usize) as u32
+}
+
+/// A `CUtensorMap` (`sm90::TensorMap` on the device): 128 opaque bytes.
+#[repr(C, align(128))]
+#[derive(Clone, Copy)]
+pub struct TensorMap(pub [u64; 16]);
+
+/// The TMA view of a `[B, S, H, D]` row-major tensor: dims innermost first (D, S, H, B), boxes of
+/// 64 elements (one 128-byte swizzle row) x `box_rows` rows of one head of one batch row.
+/// Returns (dims, byte strides of dims 1..3, box).
+pub fn tensor_map_geometry(batch: usize, seq: usize, heads: usize, d: usize, box_rows: usize) -> ([u64; 4], [u64; 3], [u32; 4]) {
+    let e = 2u64; // f16 / bf16
+    let (b, s, h, d) = (batch as u64, seq as u64, heads as u64, d as u64);
+    ([d, s, h, b], [h * d * e, d * e, s * h * d * e], [64, box_rows as u32, 1, 1])
+}
+
+unsafe fn encode(dtype: ElementType, ptr: u64, batch: usize, seq: usize, heads: usize, d: usize, box_rows: usize) -> Result<TensorMap, AttnError> {
+    use sys::*;
+    let (dims, strides, boxes) = tensor_map_geometry(batch, seq, heads, d, box_rows);
+    let elem_strides = [1u32; 4];
+    let data_type = match dtype {
+        ElementType::F16 => CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+        _ => CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+    };
+    let mut map = std::mem::MaybeUninit::<CUtensorMap>::zeroed();
+    check(
+        cuTensorMapEncodeTiled(
+            map.as_mut_ptr(),
+            data_type,
+            4,
+            ptr as *mut c_void,
+            dims.as_ptr(),
+            strides.as_ptr(),
+            boxes.as_ptr(),
+            elem_strides.as_ptr(),
+            CUtensorMapInterleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
+            CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B,
+            CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+            // Out-of-bounds elements (rows past S) arrive as zeros.
+            CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
+        ),
+        format_args!("cuTensorMapEncodeTiled(dims {dims:?}, strides {strides:?}, box {boxes:?})"),
+    )?;
+    let map = map.assume_init();
+    Ok(std::mem::transmute_copy::<CUtensorMap, TensorMap>(&map))
+}
+
+fn kernel_name(dtype: ElementType, d: usize) -> (&'static str, &'static str) {
+    // Interned like config.rs's names: the module cache keys on &'static str.
+    static NAMES: OnceLock<Vec<(ElementType, usize, &'static str, &'static str)>> = OnceLock::new();
+    let names = NAMES.get_or_init(|| {
+        let mut v = Vec::new();
+        for dt in [ElementType::F16, ElementType::BF16] {
+            for d in SM90_HEAD_DIMS {
+                let file: &'static str = Box::leak(format!("sm90_fwd_{}_d{d}", dt.name()).into_boxed_str());
+                let kernel: &'static str = Box::leak(format!("exla_rs_{file}").into_boxed_str());
+                v.push((dt, d, file, kernel));
+            }
+        }
+        v
+    });
+    let &(_, _, file, kernel) = names.iter().find(|(t, e, ..)| *t == dtype && *e == d).expect("checked by sm90_supports");
+    (file, kernel)
+}
+
+/// Runs the forward on the sm90 kernels when the choice says so: Ok(true) = launched, Ok(false) =
+/// the caller runs the mma.sync kernels, Err = forced sm90 on a call it cannot run (or a driver
+/// failure).
+///
+/// # Safety
+/// As `launch::forward`: `stream` is XLA's CUstream and `p` holds device pointers of the sizes
+/// the contract implies.
+pub unsafe fn forward(stream: CUstream, dtype: ElementType, shape: &AttnShape, p: &FwdParams) -> Result<bool, AttnError> {
+    let setting = PathOverride::from_env().map_err(AttnError::invalid)?;
+    if setting == PathOverride::ForceMma {
+        return Ok(false);
+    }
+    let has_optional = !(p.x.key_mask.is_null() && p.x.bias.is_null() && p.x.alibi_slopes.is_null() && p.x.dropout_key.is_null());
+    let ctx = StreamContext::enter(stream)?;
+    let cc = driver::compute_capability(ctx.device)?;
+    match choose_forward(cc, dtype, shape, has_optional, setting).map_err(AttnError::unimplemented)? {
+        FwdPath::MmaSync => return Ok(false),
+        FwdPath::Sm90 => {}
+    }
+    let d = shape.head_dim;
+    let tiles = fwd_tiles(d);
+    let tq = encode(dtype, p.q as u64, shape.batch, shape.seq_q, shape.heads, d, tiles.block_m)?;
+    let tk = encode(dtype, p.k as u64, shape.batch, shape.seq_k, shape.kv_heads, d, tiles.block_n)?;
+    let tv = encode(dtype, p.v as u64, shape.batch, shape.seq_k, shape.kv_heads, d, tiles.block_n)?;
+    let sms = driver::device_attr(
+        ctx.device,
+        sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+        "cuDeviceGetAttribute(multiprocessor count)",
+    )?;
+    let grid = fwd_grid(shape, sms as u32);
+    let smem = fwd_smem_bytes(d);
+    let (file, kernel) = kernel_name(dtype, d);
+    let f = modules::get(ctx.ctx, ctx.device, file)?.function(kernel, smem, ctx.device)?;
+    let mut args = [
+        p as *const FwdParams as *mut c_void,
+        &tq as *const TensorMap as *mut c_void,
+        &tk as *const TensorMap as *mut c_void,
+        &tv as *const TensorMap as *mut c_void,
+    ];
+    check(
+        sys::cuLaunchKernel(f, grid, 1, 1, tiles.threads, 1, 1, smem, stream, args.as_mut_ptr(), std::ptr::null_mut()),
+        format_args!("cuLaunchKernel({kernel}, grid {grid}, block {}, smem {smem})", tiles.threads),
+    )?;
+    Ok(true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shape(d: usize) -> AttnShape {
+        AttnShape { batch: 2, seq_q: 300, seq_k: 517, heads: 8, kv_heads: 2, head_dim: d }
+    }
+    const H100: (i32, i32) = (9, 0);
+
+    #[test]
+    fn hopper_runs_supported_half_calls_on_sm90_by_default() {
+        for dt in [ElementType::F16, ElementType::BF16] {
+            for d in SM90_HEAD_DIMS {
+                assert_eq!(choose_forward(H100, dt, &shape(d), false, PathOverride::Auto), Ok(FwdPath::Sm90), "{dt} d{d}");
+                assert_eq!(choose_forward(H100, dt, &shape(d), false, PathOverride::ForceSm90), Ok(FwdPath::Sm90));
+            }
+        }
+    }
+
+    #[test]
+    fn everything_else_stays_on_mma_sync() {
+        let bf = ElementType::BF16;
+        let cases: [((i32, i32), ElementType, AttnShape, bool); 8] = [
+            ((8, 0), bf, shape(128), false),               // A100
+            ((8, 9), bf, shape(128), false),               // Ada
+            ((10, 0), bf, shape(128), false),              // Blackwell: sm_90a code does not run there
+            (H100, ElementType::F32, shape(128), false),   // f32
+            (H100, bf, shape(96), false),                  // no sm90 instantiation
+            (H100, bf, shape(32), false),
+            (H100, bf, shape(128), true),                  // an optional operand
+            (H100, bf, AttnShape { seq_k: 0, ..shape(128) }, false), // no keys
+        ];
+        for (cc, dt, s, extra) in cases {
+            assert_eq!(choose_forward(cc, dt, &s, extra, PathOverride::Auto), Ok(FwdPath::MmaSync), "{cc:?} {dt} {s:?} {extra}");
+            assert_eq!(choose_forward(cc, dt, &s, extra, PathOverride::ForceMma), Ok(FwdPath::MmaSync));
+        }
+        // Forcing mma wins on a call sm90 could run.
+        assert_eq!(choose_forward(H100, bf, &shape(128), false, PathOverride::ForceMma), Ok(FwdPath::MmaSync));
+    }
+
+    #[test]
+    fn forcing_sm90_on_an_unsupported_call_says_why() {
+        let bf = ElementType::BF16;
+        for (cc, dt, d, extra, why) in [
+            ((8, 0), bf, 128, false, "compute capability 8.0"),
+            (H100, ElementType::F32, 128, false, "f16 and bf16"),
+            (H100, bf, 192, false, "192"),
+            (H100, bf, 64, true, "optional operand"),
+        ] {
+            let e = choose_forward(cc, dt, &shape(d), extra, PathOverride::ForceSm90).unwrap_err();
+            assert!(e.starts_with("EXLA_RS_CUDA_PATH=sm90") && e.contains(why), "{e}");
+        }
+        // Empty calls stay on mma.sync even when forced (no tensor map for an empty tensor).
+        let empty = AttnShape { seq_q: 0, ..shape(64) };
+        assert_eq!(choose_forward(H100, bf, &empty, false, PathOverride::ForceSm90), Ok(FwdPath::MmaSync));
+    }
+
+    #[test]
+    fn override_values_parse_or_are_named() {
+        assert_eq!(PathOverride::parse(None), Ok(PathOverride::Auto));
+        assert_eq!(PathOverride::parse(Some("auto")), Ok(PathOverride::Auto));
+        assert_eq!(PathOverride::parse(Some(" mma ")), Ok(PathOverride::ForceMma));
+        assert_eq!(PathOverride::parse(Some("sm90")), Ok(PathOverride::ForceSm90));
+        assert!(PathOverride::parse(Some("wgmma")).unwrap_err().contains("\"wgmma\""));
+    }
+
+    #[test]
+    fn tiles_fit_an_h100_block_and_mirror_the_kernel_traits() {
+        // H100: 227 KiB of opt-in shared memory per block.
+        for d in SM90_HEAD_DIMS {
+            assert!(fwd_smem_bytes(d) <= 227 * 1024, "d{d}: {}", fwd_smem_bytes(d));
+        }
+        assert_eq!(fwd_smem_bytes(128), 128 * 128 * 2 + 2 * 2 * 128 * 128 * 2 + 11 * 8 + 1024);
+        assert_eq!(fwd_smem_bytes(64), 128 * 64 * 2 + 2 * 3 * 128 * 64 * 2 + 15 * 8 + 1024);
+        assert_eq!(fwd_smem_bytes(256), 128 * 256 * 2 + 2 * 2 * 64 * 256 * 2 + 11 * 8 + 1024);
+        // The kernel's traits say the same (the source is embedded, flattened).
+        let src = crate::embedded::find("sm90_fwd_bf16_d128").unwrap().source;
+        for needle in [
+            "kBlockN = D <= 128 ? 128 : 64",
+            "kStages = D <= 64 ? 3 : 2",
+            "kRowsPerConsumer = 64",
+            "kConsumers = 2",
+            "kBarriers = 3 + 4 * kStages",
+            "kBarriers * 8 + 1024",
+        ] {
+            assert!(src.contains(needle), "FwdTraits changed ({needle}): update sm90.rs");
+        }
+    }
+
+    #[test]
+    fn persistent_grid_is_one_block_per_sm_at_most_one_per_tile() {
+        let s = AttnShape { batch: 4, seq_q: 4096, seq_k: 4096, heads: 16, kv_heads: 16, head_dim: 128 };
+        assert_eq!(fwd_grid(&s, 132), 132);
+        let small = AttnShape { batch: 1, seq_q: 200, heads: 3, ..s };
+        assert_eq!(fwd_grid(&small, 132), 2 * 3);
+        assert_eq!(fwd_grid(&small, 0), 1);
+    }
+
+    #[test]
+    fn tensor_maps_view_bshd_with_128_byte_boxes() {
+        let (dims, strides, boxes) = tensor_map_geometry(2, 300, 8, 128, 128);
+        assert_eq!(dims, [128, 300, 8, 2]);
+        assert_eq!(strides, [8 * 128 * 2, 128 * 2, 300 * 8 * 128 * 2]);
+        assert_eq!(boxes, [64, 128, 1, 1]);
+        // TMA needs 16-byte multiples for every stride and the 128-byte swizzle a 128-byte box row.
+        for d in SM90_HEAD_DIMS {
+            let (_, strides, boxes) = tensor_map_geometry(3, 77, 5, d, fwd_tiles(d).block_n);
+            assert!(strides.iter().all(|s| s % 16 == 0));
+            assert_eq!(boxes[0] * 2, 128);
+            assert!(boxes[1] <= 256);
+        }
+        assert_eq!(std::mem::size_of::<TensorMap>(), 128);
+        assert_eq!(std::mem::size_of::<sys::CUtensorMap>(), 128);
+    }
+
+    #[test]
+    fn every_sm90_kernel_is_embedded_in_the_sm90a_set() {
+        for dt in [ElementType::F16, ElementType::BF16] {
+            for d in SM90_HEAD_DIMS {
+                let (file, kernel) = kernel_name(dt, d);
+                let k = crate::embedded::find(file).unwrap_or_else(|| panic!("{file} not embedded"));
+                assert_eq!(k.set, crate::embedded::KernelSet::Sm90a);
+                assert!(k.source.contains(&format!("{kernel}(")), "{file} does not define {kernel}");
+            }
+        }
+    }
+}
