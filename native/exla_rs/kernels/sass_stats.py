@@ -4,6 +4,9 @@
 For every kernel in every fatbin build.rs wrote (one per kernels/inst/*.cu) and every SASS
 architecture in it: instructions, HMMA, LDSM, integer ops, local-memory accesses (LDL/STL: spills),
 registers, stack and static shared memory, from `cuobjdump -sass` / `cuobjdump -res-usage`.
+The Hopper set (kernels/sm90/inst, sm_90a images, kernels named sm90_*) also reports HGMMA
+(wgmma) and UTMA* (the TMA copy engine: UTMALDG, UTMAPF, ...): `--check-spills` fails an sm90
+image that has none of either, since it would then be running on a slower path.
 "Integer ops" are the integer-pipe opcodes that index, mask and address work costs (the list is
 the one shared/design/facts.md counts FA2 with): IMAD, IADD3, LOP3, SHF, LEA, ISETP, SEL, IMNMX,
 VIADD, PLOP3.
@@ -112,7 +115,7 @@ def summarize(s: dict) -> dict:
     hmma = ops["HMMA"]
     integer = sum(ops[k] for k in INT_OPS)
     return dict(
-        insts=n, hmma=hmma, ldsm=ops["LDSM"], int=integer, ldl=ops["LDL"], stl=ops["STL"],
+        insts=n, hmma=hmma, hgmma=ops["HGMMA"], utma=sum(v for k, v in ops.items() if k.startswith("UTMA")), ldsm=ops["LDSM"], int=integer, ldl=ops["LDL"], stl=ops["STL"],
         regs=s.get("regs", -1), stack=s.get("stack", -1),
         int_per_hmma=(integer / hmma) if hmma else None, ldsm_per_hmma=(ops["LDSM"] / hmma) if hmma else None,
     )
@@ -142,24 +145,28 @@ def main() -> int:
     rows.sort(key=lambda r: (int(re.sub(r"\D", "", r[0]) or 0), r[1]))
     ratio = lambda x: "-" if x is None else f"{x:.1f}"
     if a.markdown:
-        print("| arch | kernel | insts | HMMA | LDSM | int ops | int/HMMA | LDL | STL | regs |")
-        print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+        print("| arch | kernel | insts | HMMA | HGMMA | UTMA | LDSM | int ops | int/HMMA | LDL | STL | regs |")
+        print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
         for arch, fn, r in rows:
-            print(f"| {arch} | {fn} | {r['insts']} | {r['hmma']} | {r['ldsm']} | {r['int']} | {ratio(r['int_per_hmma'])} | {r['ldl']} | {r['stl']} | {r['regs']} |")
+            print(f"| {arch} | {fn} | {r['insts']} | {r['hmma']} | {r['hgmma']} | {r['utma']} | {r['ldsm']} | {r['int']} | {ratio(r['int_per_hmma'])} | {r['ldl']} | {r['stl']} | {r['regs']} |")
     else:
-        print(f"{'arch':7} {'kernel':24} {'insts':>6} {'HMMA':>5} {'LDSM':>5} {'int':>5} {'int/HMMA':>8} {'LDL':>4} {'STL':>4} {'regs':>4} {'stack':>5}")
+        print(f"{'arch':7} {'kernel':24} {'insts':>6} {'HMMA':>5} {'HGMMA':>5} {'UTMA':>4} {'LDSM':>5} {'int':>5} {'int/HMMA':>8} {'LDL':>4} {'STL':>4} {'regs':>4} {'stack':>5}")
         for arch, fn, r in rows:
-            print(f"{arch:7} {fn:24} {r['insts']:6} {r['hmma']:5} {r['ldsm']:5} {r['int']:5} {ratio(r['int_per_hmma']):>8} "
+            print(f"{arch:7} {fn:24} {r['insts']:6} {r['hmma']:5} {r['hgmma']:5} {r['utma']:4} {r['ldsm']:5} {r['int']:5} {ratio(r['int_per_hmma']):>8} "
                   f"{r['ldl']:4} {r['stl']:4} {r['regs']:4} {r['stack']:5}")
     print(f"# {len(rows)} kernel images from {d}", file=sys.stderr)
     spills = [(arch, fn, r) for arch, fn, r in rows if r["ldl"] or r["stl"]]
+    # An sm90 kernel without wgmma or TMA in its SASS has fallen off the Hopper path.
+    off_path = [(arch, fn, r) for arch, fn, r in rows if fn.startswith("sm90_") and not (r["hgmma"] and r["utma"])]
     if a.check_spills:
         for arch, fn, r in spills:
             print(f"SPILL: {arch} {fn}: {r['stl']} STL, {r['ldl']} LDL, stack {r['stack']} bytes", file=sys.stderr)
+        for arch, fn, r in off_path:
+            print(f"NOT HOPPER: {arch} {fn}: {r['hgmma']} HGMMA, {r['utma']} UTMA*", file=sys.stderr)
         if not rows:
             print("sass_stats: no kernels matched", file=sys.stderr)
             return 1
-        return 1 if spills else 0
+        return 1 if spills or off_path else 0
     return 0
 
 
