@@ -218,14 +218,126 @@ EXLA_RS_SM90 void fwd_producer(const FwdParams& p, const TensorMap* tq, const Te
   }
 }
 
+// What a consumer's key-tile step reads, fixed for one work tile.
+struct ConsumerView {
+  unsigned q_addr, k_addr, v_addr;
+  int turn_mine, turn_other, lane, quad_col;
+  bool softcap;
+  float cap_in, cap_out, scale_log2;
+  int wg_lo_max, wg_hi_min, lo0, hi0, lo1, hi1;
+  int first, count;
+};
+
+// One key tile of a consumer: S = Q K^T and (kPrev) the previous tile's O += P V, issued together
+// in this consumer's turn; the softmax of S; P re-packed for the next turn. The first tile has no
+// previous P V: a separate instantiation, so the steady-state loop has no branch around the
+// asynchronous products (a merge point there makes ptxas copy accumulators mid-flight).
+template <class T, class Tr, bool kPrev>
+EXLA_RS_SM90 void consumer_tile(const ConsumerView& cv, const FwdBarriers& bar, int i, int kv_iter, int& prev_stage,
+                                unsigned& prev_phase, float (&o)[Tr::kHeadDim / 2], unsigned (&pf)[Tr::kBlockN / 16][4],
+                                float (&m_run)[2], float (&l_run)[2]) {
+  constexpr int BN = Tr::kBlockN;
+  constexpr int kSAcc = BN / 2;
+  constexpr int kOAcc = Tr::kHeadDim / 2;
+  constexpr int kPSteps = BN / 16;
+  constexpr int kQSteps = Tr::kHeadDim / 16;
+  const unsigned q_addr = cv.q_addr, k_addr = cv.k_addr, v_addr = cv.v_addr;
+  const int turn_mine = cv.turn_mine, turn_other = cv.turn_other, lane = cv.lane, quad_col = cv.quad_col;
+  const bool softcap = cv.softcap;
+  const float cap_in = cv.cap_in, cap_out = cv.cap_out, scale_log2 = cv.scale_log2;
+  const int wg_lo_max = cv.wg_lo_max, wg_hi_min = cv.wg_hi_min, lo0 = cv.lo0, hi0 = cv.hi0, lo1 = cv.lo1, hi1 = cv.hi1;
+      const int n0 = (cv.first + cv.count - 1 - i) * BN;
+      const int stage = kv_iter % Tr::kStages;
+      const unsigned phase = (kv_iter / Tr::kStages) & 1;
+      const unsigned k_stage = k_addr + stage * Tr::kKVBytes;
+      float s[kSAcc];
+      mbar_wait(bar.k_full + stage, phase);
+      if constexpr (kPrev) mbar_wait(bar.v_full + prev_stage, prev_phase);
+      named_sync(turn_mine, 256);
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < kQSteps; ++kk) {
+        u64 da = smem_desc(q_addr + kmajor_kstep_offset<Tr>(kk, Tr::kBlockM), 16, kAtomBytes);
+        u64 db = smem_desc(k_stage + kmajor_kstep_offset<Tr>(kk, BN), 16, kAtomBytes);
+        wgmma_ss<T>(s, da, db, kk > 0 ? 1 : 0);
+      }
+      wgmma_commit();
+      if constexpr (kPrev) {
+        const unsigned v_stage = v_addr + prev_stage * Tr::kKVBytes;
+#pragma unroll
+        for (int kk = 0; kk < kPSteps; ++kk) wgmma_rs<T, 1>(o, pf[kk], v_desc<Tr>(v_stage, kk), 1);
+        wgmma_commit();
+      }
+      named_arrive(turn_other, 256);
+      if constexpr (kPrev) {
+        wgmma_wait<1>();
+      } else {
+        wgmma_wait<0>();
+      }
+#pragma unroll
+      for (int e = 0; e < kSAcc; ++e) pin(s[e]);
+      if (lane == 0) mbar_arrive(bar.k_empty + stage);
+      if (i == cv.count - 1 && lane == 0) mbar_arrive(bar.q_empty);  // last read of Q
+
+      // Scores in the exp2 domain; the element test only where the tile straddles a bound.
+#pragma unroll
+      for (int e = 0; e < kSAcc; ++e)
+        s[e] = softcap ? tanh_approx(s[e] * cap_in) * cap_out : s[e] * scale_log2;
+      if (!(n0 >= wg_lo_max && n0 + BN <= wg_hi_min)) {
+        const int a0 = lo0 - n0, b0 = hi0 - n0, a1 = lo1 - n0, b1 = hi1 - n0;
+#pragma unroll
+        for (int e = 0; e < kSAcc; ++e) {
+          const int col = (e / 4) * 8 + quad_col + (e % 2);
+          const bool upper = (e / 2) % 2;
+          const int a = upper ? a1 : a0, b = upper ? b1 : b0;
+          if (col < a || col >= b) s[e] = neg_inf();
+        }
+      }
+      float corr[2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        float mx = m_run[h];
+#pragma unroll
+        for (int e = 0; e < kSAcc; ++e)
+          if ((e / 2) % 2 == h) mx = fmaxf(mx, s[e]);
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float use = mx == neg_inf() ? 0.f : mx;  // a row with no key yet: exp2(-inf) = 0
+        corr[h] = exp2_approx(m_run[h] - use);
+        m_run[h] = mx;
+        float sum = 0.f;
+#pragma unroll
+        for (int e = 0; e < kSAcc; ++e)
+          if ((e / 2) % 2 == h) {
+            s[e] = exp2_approx(s[e] - use);
+            sum += s[e];
+          }
+        l_run[h] = l_run[h] * corr[h] + sum;
+      }
+      if constexpr (kPrev) {
+        wgmma_wait<0>();  // P V of the previous tile: its P registers and V stage are free now
+#pragma unroll
+        for (int e = 0; e < kOAcc; ++e) pin(o[e]);
+        if (lane == 0) mbar_arrive(bar.v_empty + prev_stage);
+      }
+#pragma unroll
+      for (int e = 0; e < kOAcc; ++e) o[e] *= corr[(e / 2) % 2];
+      // The S accumulator of 16 keys is exactly the A fragment of P V (rows lane/4 and +8,
+      // columns 2 * (lane % 4) and + 8): re-pack in registers, rounded to the input type.
+#pragma unroll
+      for (int kk = 0; kk < kPSteps; ++kk)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) pf[kk][j] = T::pack2(s[8 * kk + 2 * j], s[8 * kk + 2 * j + 1]);
+      prev_stage = stage;
+      prev_phase = phase;
+}
+
 template <class T, class Tr>
 EXLA_RS_SM90 void fwd_consumer(const FwdParams& p, unsigned char* smem, const FwdBarriers& bar, int consumer) {
   constexpr int D = Tr::kHeadDim;
   constexpr int BN = Tr::kBlockN;
-  constexpr int kSAcc = BN / 2;   // S accumulator floats per thread (m64 x BN over 128 threads)
   constexpr int kOAcc = D / 2;    // O accumulator floats per thread
   constexpr int kPSteps = BN / 16;  // k-steps of P V (16 keys each)
-  constexpr int kQSteps = D / 16;   // k-steps of Q K^T
   using Storage = typename T::Storage;
 
   const int tid = threadIdx.x % 128;
@@ -278,92 +390,12 @@ EXLA_RS_SM90 void fwd_consumer(const FwdParams& p, unsigned char* smem, const Fw
       unsigned pf[kPSteps][4];
       int prev_stage = 0;
       unsigned prev_phase = 0;
-      for (int i = 0; i < kb.count; ++i, ++kv_iter) {
-        const int n0 = (kb.first + kb.count - 1 - i) * BN;
-        const int stage = kv_iter % Tr::kStages;
-        const unsigned phase = (kv_iter / Tr::kStages) & 1;
-        const unsigned k_stage = k_addr + stage * Tr::kKVBytes;
-        float s[kSAcc];
-        mbar_wait(bar.k_full + stage, phase);
-        if (i > 0) mbar_wait(bar.v_full + prev_stage, prev_phase);
-        named_sync(turn_mine, 256);
-        wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < kQSteps; ++kk) {
-          u64 da = smem_desc(q_addr + kmajor_kstep_offset<Tr>(kk, Tr::kBlockM), 16, kAtomBytes);
-          u64 db = smem_desc(k_stage + kmajor_kstep_offset<Tr>(kk, BN), 16, kAtomBytes);
-          wgmma_ss<T>(s, da, db, kk > 0 ? 1 : 0);
-        }
-        wgmma_commit();
-        if (i > 0) {
-          const unsigned v_stage = v_addr + prev_stage * Tr::kKVBytes;
-#pragma unroll
-          for (int kk = 0; kk < kPSteps; ++kk) wgmma_rs<T, 1>(o, pf[kk], v_desc<Tr>(v_stage, kk), 1);
-          wgmma_commit();
-        }
-        named_arrive(turn_other, 256);
-        if (i > 0) {
-          wgmma_wait<1>();
-        } else {
-          wgmma_wait<0>();
-        }
-#pragma unroll
-        for (int e = 0; e < kSAcc; ++e) pin(s[e]);
-        if (lane == 0) mbar_arrive(bar.k_empty + stage);
-        if (i == kb.count - 1 && lane == 0) mbar_arrive(bar.q_empty);  // last read of Q
-
-        // Scores in the exp2 domain; the element test only where the tile straddles a bound.
-#pragma unroll
-        for (int e = 0; e < kSAcc; ++e)
-          s[e] = softcap ? tanh_approx(s[e] * cap_in) * cap_out : s[e] * scale_log2;
-        if (!(n0 >= wg_lo_max && n0 + BN <= wg_hi_min)) {
-          const int a0 = lo0 - n0, b0 = hi0 - n0, a1 = lo1 - n0, b1 = hi1 - n0;
-#pragma unroll
-          for (int e = 0; e < kSAcc; ++e) {
-            const int col = (e / 4) * 8 + quad_col + (e % 2);
-            const bool upper = (e / 2) % 2;
-            const int a = upper ? a1 : a0, b = upper ? b1 : b0;
-            if (col < a || col >= b) s[e] = neg_inf();
-          }
-        }
-        float corr[2];
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          float mx = m_run[h];
-#pragma unroll
-          for (int e = 0; e < kSAcc; ++e)
-            if ((e / 2) % 2 == h) mx = fmaxf(mx, s[e]);
-          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-          const float use = mx == neg_inf() ? 0.f : mx;  // a row with no key yet: exp2(-inf) = 0
-          corr[h] = exp2_approx(m_run[h] - use);
-          m_run[h] = mx;
-          float sum = 0.f;
-#pragma unroll
-          for (int e = 0; e < kSAcc; ++e)
-            if ((e / 2) % 2 == h) {
-              s[e] = exp2_approx(s[e] - use);
-              sum += s[e];
-            }
-          l_run[h] = l_run[h] * corr[h] + sum;
-        }
-        if (i > 0) {
-          wgmma_wait<0>();  // P V of the previous tile: its P registers and V stage are free now
-#pragma unroll
-          for (int e = 0; e < kOAcc; ++e) pin(o[e]);
-          if (lane == 0) mbar_arrive(bar.v_empty + prev_stage);
-        }
-#pragma unroll
-        for (int e = 0; e < kOAcc; ++e) o[e] *= corr[(e / 2) % 2];
-        // The S accumulator of 16 keys is exactly the A fragment of P V (rows lane/4 and +8,
-        // columns 2 * (lane % 4) and + 8): re-pack in registers, rounded to the input type.
-#pragma unroll
-        for (int kk = 0; kk < kPSteps; ++kk)
-#pragma unroll
-          for (int j = 0; j < 4; ++j) pf[kk][j] = T::pack2(s[8 * kk + 2 * j], s[8 * kk + 2 * j + 1]);
-        prev_stage = stage;
-        prev_phase = phase;
-      }
+      const ConsumerView cv{q_addr,     k_addr,     v_addr,    turn_mine, turn_other, lane,     quad_col,
+                            softcap,    cap_in,     cap_out,   scale_log2, wg_lo_max, wg_hi_min, lo0,
+                            hi0,        lo1,        hi1,       kb.first,  kb.count};
+      consumer_tile<T, Tr, false>(cv, bar, 0, kv_iter++, prev_stage, prev_phase, o, pf, m_run, l_run);
+      for (int i = 1; i < kb.count; ++i, ++kv_iter)
+        consumer_tile<T, Tr, true>(cv, bar, i, kv_iter, prev_stage, prev_phase, o, pf, m_run, l_run);
       mbar_wait(bar.v_full + prev_stage, prev_phase);
       named_sync(turn_mine, 256);
       wgmma_fence();
