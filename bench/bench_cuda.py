@@ -13,6 +13,12 @@ needs beyond its inputs (XLA: compiled temp + outputs; PyTorch: peak allocated m
 
     python3 bench/bench_cuda.py [--seqs 1024,4096] [--dims 128] [--no-decode] [--results FILE]
     python3 bench/bench_cuda.py --selftest     (no GPU: the report from made-up numbers)
+    python3 bench/bench_cuda.py --paths auto   (only the default kernel choice; default: auto,mma)
+
+Our forward has two kernel sets (issue 14): on an H100 the default (`auto`) runs the sm90
+(wgmma/TMA) forward where it applies, `mma` forces the mma.sync kernels. With --paths auto,mma
+both are timed side by side on the same inputs (EXLA_RS_CUDA_PATH is read at every call, so the
+benchmark switches it between runs); the bar is judged on `auto`, and a table gives mma / auto.
 
 Every run is appended to bench/RESULTS.md (--results) with the GPU, date and versions. The bar
 (issue 13, H100): ours >= 1.0x FA2 forward and backward at D = 64, 128, 256, S >= 1024;
@@ -48,6 +54,9 @@ XLA_MAX_S = 4096  # XLA's unfused attention only up to here
 # Decode: one query row against a long KV cache, GQA 32/8.
 DEC_B, DEC_SK, DEC_H, DEC_HKV, DEC_D = 8, 32768, 32, 8, 128
 OURS, FA2, XLA = "exla_rs (XLA FFI)", "PyTorch FLASH (FA2)", "XLA (jax)"
+# The same custom call with EXLA_RS_CUDA_PATH=mma: the mma.sync kernels, for the sm90 comparison.
+OURS_MMA = "exla_rs mma.sync (EXLA_RS_CUDA_PATH=mma)"
+PATH_NAMES = {"auto": OURS, "mma": OURS_MMA}
 
 
 def flops(b, s, d, causal, bwd=False):
@@ -224,6 +233,15 @@ def report(meta, rows, decode):
         x = by.get((d, causal, s, XLA))
         if x is not None and not isinstance(x, str):
             xla_rat.append((d, causal, s, (x[0] + x[1]) / (r[0] + r[1])))
+    mma_rat = []
+    for (d, causal, s, name), r in by.items():
+        m = by.get((d, causal, s, OURS_MMA))
+        if name == OURS and not isinstance(r, str) and m is not None and not isinstance(m, str):
+            mma_rat.append((d, causal, s, m[0] / r[0], m[1] / r[1]))
+    if mma_rat:
+        lines += ["", "mma.sync time / default path (on H100 the default forward is sm90; the backward is "
+                  "mma.sync in both, so bwd ~ 1.0):", "", "| D | causal | S | fwd | bwd |", "| --- | --- | --- | --- | --- |"]
+        lines += [f"| {d} | {c} | {s} | {f:.2f} | {bw:.2f} |" for d, c, s, f, bw in sorted(mma_rat)]
     verdicts = []
     if fa2_rat:
         lines += ["", "FlashAttention-2 time / ours (bar: >= 1.0 forward and backward, S >= 1024):", "",
@@ -283,9 +301,11 @@ def selftest():
                 t = flops(b, s, d, causal) / 300e12
                 rows.append((d, causal, s, b, OURS, (t, 2.5 * t, 2**20, 2**21)))
                 rows.append((d, causal, s, b, FA2, (1.1 * t, 2.4 * t, 2**20, 2**21)))
+                rows.append((d, causal, s, b, OURS_MMA, (2 * t, 2.5 * t, 2**20, 2**21)))
                 rows.append((d, causal, s, b, XLA, (3 * t, 6 * t, 2**30, 2**31) if s <= XLA_MAX_S else "skipped (S > 4096)"))
     text = report({"date": "2026-01-01", "gpu": "selftest", "versions": "none"}, rows,
                   {OURS: kv_bytes_decode() / 2.5e12, FA2: kv_bytes_decode() / 3.0e12, XLA: "OOM"})
+    assert "| 128 | True | 8192 | 2.00 | 1.00 |" in text, text
     assert "skipped" in text and "Bar: ours >= FA2: NOT met; fwd+bwd >= 2x XLA: met; decode >= 2 TB/s: met." in text, text
     print(text)
 
@@ -297,6 +317,7 @@ def main():
     ap.add_argument("--dims", default="64,128,256")
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--no-decode", action="store_true")
+    ap.add_argument("--paths", default="auto,mma", help="our kernel choices to time: auto (default choice), mma")
     ap.add_argument("--selftest", action="store_true", help="check the report logic without a GPU")
     a = ap.parse_args()
     if a.selftest:
@@ -317,6 +338,12 @@ def main():
                 res = {}
                 for name, fn in jax_impls(causal, scale).items():
                     skip = name == XLA and s > XLA_MAX_S
+                    if name == OURS:
+                        for path in a.paths.split(","):
+                            os.environ["EXLA_RS_CUDA_PATH"] = path
+                            res[PATH_NAMES[path]] = bench_jax(name, fn, q, k, v, kv, qs, do, a.iters)
+                        os.environ.pop("EXLA_RS_CUDA_PATH", None)
+                        continue
                     res[name] = f"skipped (S > {XLA_MAX_S})" if skip else bench_jax(name, fn, q, k, v, kv, qs, do, a.iters)
                 if torch is not None:
                     res[FA2] = bench_torch(SDPBackend.FLASH_ATTENTION, q, k, v, do, causal, scale, a.iters)

@@ -3,7 +3,8 @@
 //! both), the TMA tensor maps, the persistent grid and the launch. Everything else stays on the
 //! mma.sync kernels (launch.rs), and so does the backward.
 //!
-//! `EXLA_RS_CUDA_PATH` (read once per process): unset / `auto` = the sm90 forward wherever it
+//! `EXLA_RS_CUDA_PATH` (read at every forward call, so a benchmark can switch it between runs):
+//! unset / `auto` = the sm90 forward wherever it
 //! applies; `mma` = always the mma.sync kernels; `sm90` = the sm90 forward, and an UNIMPLEMENTED
 //! error for a forward call it cannot run (the backward has only the mma.sync path). Calls with no
 //! query rows or no keys run on mma.sync under every setting: no tensor map describes an empty
@@ -46,8 +47,7 @@ impl PathOverride {
     }
 
     fn from_env() -> Result<Self, String> {
-        static SETTING: OnceLock<Result<PathOverride, String>> = OnceLock::new();
-        SETTING.get_or_init(|| PathOverride::parse(std::env::var("EXLA_RS_CUDA_PATH").ok().as_deref())).clone()
+        PathOverride::parse(std::env::var("EXLA_RS_CUDA_PATH").ok().as_deref())
     }
 }
 
