@@ -8,11 +8,13 @@
 #       --target-dir /tmp/nvrtc-target && cp /tmp/nvrtc-target/release/libexla_rs_xla.so .gpu/libexla_rs_xla_nvrtc.so
 #   echo /.gpu/ >> .git/info/exclude
 # then: run(command="bash test/gpu/run_gpu_checks.sh", carry=[".gpu"]). Logs land in $OUT.
-# Steps: STEPS="env tests nvrtc sanitize bench" (default all) selects some.
+# Steps: STEPS="env tests mma nvrtc sanitize bench" (default all) selects some. On an H100/H200 the
+# default forward of f16/bf16 at D = 64/128/256 without optional operands is the sm90 (wgmma/TMA)
+# kernel set, so `tests` and `sanitize` check that path; `mma` reruns the tests on mma.sync only.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/exla_rs_gpu_out}; mkdir -p "$OUT"
-STEPS=${STEPS:-env tests nvrtc sanitize bench}
+STEPS=${STEPS:-env tests mma nvrtc sanitize bench}
 export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
 export EXLA_RS_XLA_LIB=${EXLA_RS_XLA_LIB:-$PWD/.gpu/libexla_rs_xla.so}
 PY=${PY:-python3}
@@ -28,6 +30,11 @@ fi
 if has tests; then
   # Every case and dtype; fresh seed each run (printed in failures; EXLA_RS_SEED replays).
   timeout 540 $PY -m pytest -q -x -p no:cacheprovider test/gpu/test_cuda_xla.py 2>&1 | tee "$OUT/tests.log" || status=1
+fi
+
+if has mma; then
+  # The same suite with the forward forced onto the mma.sync kernels (src/sm90.rs's override).
+  EXLA_RS_CUDA_PATH=mma timeout 540 $PY -m pytest -q -x -p no:cacheprovider test/gpu/test_cuda_xla.py 2>&1 | tee "$OUT/tests_mma.log" || status=1
 fi
 
 if has nvrtc; then
