@@ -79,8 +79,8 @@ defmodule ExlaRs.Attention do
         the same key gives the same mask, so split the key between steps.
 
     Any combination of the options works. Under EXLA, the `:cuda` client does not
-    run `:key_mask`, `:bias` or `:alibi_slopes` yet, and no client runs
-    `:dropout_rate` in a native kernel yet: calls using them run the Nx fallback
+    run `:key_mask`, `:bias`, `:alibi_slopes` or `:dropout_rate` yet (the `:host`
+    client runs them all in its native kernels): calls using them run the Nx fallback
     there (`ExlaRs.CustomCall` asks the native library what each platform runs).
 
     ## Gradients

@@ -20,8 +20,8 @@ defmodule ExlaRs.CustomCall do
       one is false, so a call without optional operands is the contract's
       original call), and `dropout_rate` (`f32`) with `has_dropout`;
     * otherwise (another platform, `f64`, a head dim the kernels lack, an
-      optional feature the platform lacks, such as any of them on CUDA today and
-      dropout on every platform today, a workspace mismatch, registration
+      optional feature the platform lacks, such as any of them on CUDA today
+      (dropout included), a workspace mismatch, registration
       failing) it returns `:skip`, and EXLA
       compiles the block's default function, the Nx fallback, which computes the
       same function.
@@ -34,9 +34,10 @@ defmodule ExlaRs.CustomCall do
   (`has_alibi`), `dropout_key` (`has_dropout`, with the `dropout_rate`
   attribute). `optional_operands/1` is that order.
 
-  No platform runs dropout yet: a call with a `dropout_key` needs the contract's
-  `dropout` feature, which `features/1` reports for no platform today, so it is
-  always `:skip`ped to the Nx fallback (which draws the contract's Philox mask).
+  A call with a `dropout_key` needs the contract's `dropout` feature: the Host
+  reports it (so such a call runs our Host kernel, which draws the contract's
+  Philox mask bit for bit as the Nx fallback does); a platform without it
+  `:skip`s the call to the Nx fallback.
 
   ## The workspace
 
@@ -139,7 +140,7 @@ defmodule ExlaRs.CustomCall do
   @doc """
   The optional features the handlers of `platform` (`:host` or `:cuda`) run, as the
   native library reports them (`exla_rs_flash_attn_features`): a sublist of
-  `[:key_mask, :bias, :alibi_slopes, :bias_grad]`, empty when the library is not loaded.
+  `[:key_mask, :bias, :alibi_slopes, :bias_grad, :dropout]`, empty when the library is not loaded.
   """
   def features(platform) when platform in [:host, :cuda] do
     case ExlaRs.NIF.flash_attn_features(platform_code(platform)) do

@@ -83,7 +83,7 @@ defmodule ExlaRs.NIF do
   """
   def flash_attn_features(_platform), do: not_loaded()
 
-  @doc "The contract's feature bits by name: `%{key_mask:, bias:, alibi_slopes:, bias_grad:}`."
+  @doc "The contract's feature bits by name: `%{key_mask:, bias:, alibi_slopes:, bias_grad:, dropout:}`."
   def feature_bits, do: not_loaded()
 
   @doc false

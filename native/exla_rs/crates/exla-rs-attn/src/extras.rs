@@ -1,9 +1,10 @@
 //! The contract's optional operands: `key_mask`, `bias` (and the backward's `dbias`),
-//! `alibi_slopes` (docs/flash-attention-contract.md). Kept apart from [`crate::AttnOptions`],
+//! `alibi_slopes`, and dropout (docs/flash-attention-contract.md). Kept apart from [`crate::AttnOptions`],
 //! which stays the four attributes every backend (CUDA included) takes.
 
 use half::{bf16, f16};
 
+use crate::philox::Dropout;
 use crate::{AttnError, AttnShape, ElementType};
 
 /// The bias's values, in the element type it arrived in (it need not be the type of `q`).
@@ -78,11 +79,20 @@ pub struct Extras<'a> {
     pub bias: Option<Bias<'a>>,
     /// `f32[H]`: the score gets `-slope[h] · |q_start[b] + i - j|`.
     pub alibi_slopes: Option<&'a [f32]>,
+    /// Attention dropout (`has_dropout`): the key (read from the `dropout_key` operand), the
+    /// keep threshold and scale.
+    pub dropout: Option<Dropout>,
 }
 
 impl Extras<'_> {
     pub fn is_none(&self) -> bool {
-        self.key_mask.is_none() && self.bias.is_none() && self.alibi_slopes.is_none()
+        !self.changes_scores() && self.dropout.is_none()
+    }
+
+    /// Whether some operand adds to the scores (key mask, bias, ALiBi); dropout does not, it
+    /// scales the probabilities after the softmax.
+    pub fn changes_scores(&self) -> bool {
+        self.key_mask.is_some() || self.bias.is_some() || self.alibi_slopes.is_some()
     }
 
     /// Lengths and bias dims against the call's shape (the handlers name operands themselves
@@ -99,6 +109,11 @@ impl Extras<'_> {
             let want = bias_len(&b.dims).ok_or_else(|| AttnError::invalid("bias: too large"))?;
             if b.data.len() != want {
                 return Err(AttnError::invalid(format!("bias: expected {want} elements for dims {:?}, got {}", b.dims, b.data.len())));
+            }
+        }
+        if let Some(d) = self.dropout {
+            if !(d.rate > 0.0 && d.rate < 1.0) || d.threshold != crate::philox::dropout_threshold(d.rate) {
+                return Err(AttnError::invalid(format!("dropout: rate {} must be in (0, 1) with threshold floor(rate·2^32), got threshold {}", d.rate, d.threshold)));
             }
         }
         if let Some(a) = self.alibi_slopes {

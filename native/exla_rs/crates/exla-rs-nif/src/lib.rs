@@ -109,10 +109,10 @@ fn flash_attn_features(platform: i32) -> NifResult<i32> {
 }
 
 /// The contract's feature bits by name, from the handlers' own constants, so that Elixir never
-/// repeats them: `%{key_mask: 1, bias: 2, alibi_slopes: 4, bias_grad: 8}`.
+/// repeats them: `%{key_mask: 1, bias: 2, alibi_slopes: 4, bias_grad: 8, dropout: 16}`.
 #[rustler::nif]
 fn feature_bits(env: Env<'_>) -> NifResult<Term<'_>> {
-    use exla_rs_xla::workspace::{FEATURE_ALIBI, FEATURE_BIAS, FEATURE_BIAS_GRAD, FEATURE_KEY_MASK};
+    use exla_rs_xla::workspace::{FEATURE_ALIBI, FEATURE_BIAS, FEATURE_BIAS_GRAD, FEATURE_DROPOUT, FEATURE_KEY_MASK};
     guarded("feature_bits", || {
         terms::make_map(
             env,
@@ -121,6 +121,7 @@ fn feature_bits(env: Env<'_>) -> NifResult<Term<'_>> {
                 ("bias", FEATURE_BIAS.encode(env)),
                 ("alibi_slopes", FEATURE_ALIBI.encode(env)),
                 ("bias_grad", FEATURE_BIAS_GRAD.encode(env)),
+                ("dropout", FEATURE_DROPOUT.encode(env)),
             ],
         )
     })

@@ -3,12 +3,13 @@
 use std::borrow::Cow;
 
 use exla_rs_attn::host::{self as kernel, BwdInputs, BwdOutputs, FwdInputs, FwdOutputs, HostElement};
+use exla_rs_attn::philox::Dropout;
 use exla_rs_attn::{Bias, BiasData, BiasGrad, ElementType, Pass, Platform};
 use half::{bf16, f16};
 use xla_ffi::sys::{XLA_FFI_CallFrame, XLA_FFI_Error};
 use xla_ffi::{run_handler, Buffer, CallFrame, FfiError};
 
-use crate::decode::{self, attn_error, BwdCall, Common, Extras, FwdCall};
+use crate::decode::{self, attn_error, BwdCall, Common, DropoutOperand, Extras, FwdCall};
 use crate::targets::{BWD_INFO, FWD_INFO};
 
 pub(crate) unsafe fn forward_handler(frame: *mut XLA_FFI_CallFrame) -> *mut XLA_FFI_Error {
@@ -86,6 +87,15 @@ unsafe fn bias_grad<'a>(r: &Buffer<'a>) -> Result<BiasGrad<'a>, FfiError> {
     })
 }
 
+/// The dropout the kernels run: the decoded rate with the key read from its (host) buffer.
+///
+/// # Safety
+/// `d.key` is the validated `u32[2]` host buffer.
+unsafe fn dropout(d: &DropoutOperand<'_>) -> Result<Dropout, FfiError> {
+    let k = d.key.as_slice::<u32>()?;
+    Ok(d.rate.with_key([k[0], k[1]]))
+}
+
 /// The kernels' view of the optional operands; `mask` keeps a narrowed key mask alive.
 ///
 /// # Safety
@@ -95,6 +105,7 @@ unsafe fn kernel_extras<'a>(ex: &Extras<'a>, mask: &'a Option<Cow<'a, [u8]>>) ->
         key_mask: mask.as_deref(),
         bias: ex.bias.as_ref().map(|b| bias_view(b)).transpose()?,
         alibi_slopes: ex.alibi_slopes.as_ref().map(|a| a.as_slice::<f32>()).transpose()?,
+        dropout: ex.dropout.as_ref().map(|d| dropout(d)).transpose()?,
     })
 }
 

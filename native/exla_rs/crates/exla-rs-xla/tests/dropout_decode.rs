@@ -133,10 +133,58 @@ fn malformed_dropout_is_invalid_argument_on_both_platforms() {
 }
 
 #[test]
-fn the_dropout_feature_bit_is_clear_on_cuda() {
-    assert_eq!(exla_rs_flash_attn_features(1) & 16, 0);
-    // A valid dropout call: UNIMPLEMENTED naming dropout, before any stream is asked for.
-    let e = run(fwd_frame(vec![key_buf(&[2], &[1, 2])], dropout_attrs(0.5), 1), 1).expect("an error");
-    assert_eq!(e.code, sys::XLA_FFI_Error_Code_UNIMPLEMENTED, "{}", e.message);
-    assert!(e.message.contains("dropout not supported on Cuda"), "{}", e.message);
+fn the_dropout_feature_bit_is_set_on_cuda() {
+    assert_eq!(exla_rs_flash_attn_features(1) & 16, 16);
+    // A valid dropout call gets past decode and the feature check: with no GPU (a fake frame has
+    // no stream) it fails after them, never as "not supported".
+    let e = run(fwd_frame(vec![key_buf(&[2], &[1, 2])], dropout_attrs(0.5), 1), 1).expect("an error: no stream here");
+    assert!(!e.message.contains("not supported on Cuda"), "{}", e.message);
+}
+
+#[test]
+fn the_host_runs_dropout_with_the_contract_mask() {
+    assert_eq!(exla_rs_flash_attn_features(0) & 16, 16);
+    // q = 0 (P = 1/Sk on every key) and V the identity over keys (D = Sk): o[i, h, j] = M·s / Sk,
+    // M from the scalar definition; lse = log(Sk), untouched by dropout.
+    let (rate, key) = (0.25f32, [0x1234_5678u32, 0x9abc_def0u32]);
+    let mut v = vec![0f32; N];
+    for j in 0..S {
+        for h in 0..H {
+            v[(j * H + h) * D + j] = 1.0;
+        }
+    }
+    let mut fb = FrameBuilder::new()
+        .attr("scale", AttrValue::F32(0.125))
+        .attr("softcap", AttrValue::F32(0.0))
+        .attr("window_left", AttrValue::I64(-1))
+        .attr("window_right", AttrValue::I64(-1))
+        .attr("has_dropout", AttrValue::Pred(true))
+        .attr("dropout_rate", AttrValue::F32(rate))
+        .arg(f32_buf(&dims(), &vec![0.0; N]))
+        .arg(f32_buf(&dims(), &randn(N, 2)))
+        .arg(f32_buf(&dims(), &v))
+        .arg(i32_buf(&[S as i32]))
+        .arg(i32_buf(&[0]))
+        .arg(key_buf(&[2], &key))
+        .ret(f32_buf(&dims(), &vec![f32::NAN; N]))
+        .ret(f32_buf(&[B as i64, H as i64, S as i64], &vec![f32::NAN; B * H * S]))
+        .build(api());
+    // SAFETY: a frame the fake runtime built for this call.
+    let err = unsafe { take_fake_error(exla_rs_flash_attn_fwd_host(fb.frame())) };
+    assert!(err.is_none(), "{}", err.unwrap().message);
+    let (o, lse) = (fb.rets[0].view::<f32>(), fb.rets[1].view::<f32>());
+    let t = exla_rs_attn::philox::dropout_threshold(rate);
+    let mut dropped = 0;
+    for i in 0..S {
+        for h in 0..H {
+            for j in 0..S {
+                let keep = exla_rs_attn::philox::dropout_keep(key, t, 0, h as u32, i as u32, j as u64);
+                let want = if keep { 1.0 / (1.0 - rate) / S as f32 } else { 0.0 };
+                assert!((o[(i * H + h) * D + j] - want).abs() <= 1e-6, "o[{i},{h},{j}]");
+                dropped += usize::from(!keep);
+            }
+            assert!((lse[h * S + i] - (S as f32).ln()).abs() < 1e-5);
+        }
+    }
+    assert!(dropped > 0);
 }

@@ -12,9 +12,10 @@ use std::sync::Mutex;
 
 use rayon::prelude::*;
 
+use super::dropout::{keep_row_fn, NO_DROPOUT};
 use super::extra::{prefetch_span, Prep};
 use super::forward::{BC, BR};
-use super::kernels::{Gemm, Isa, LOG2_E, PAD};
+use super::kernels::{Gemm, Isa, LOG2_E, NO_EXT, PAD};
 use super::{round_up, BwdInputs, BwdOutputs, HostElement, SyncPtr};
 use crate::{AttnOptions, AttnShape, BiasGrad, Extras, KeyRange};
 
@@ -33,6 +34,8 @@ struct Scratch {
     e: Vec<f32>,
     /// dZ of the tile, when the bias gradient is wanted and the softcap makes dX differ from it.
     ds: Vec<f32>,
+    /// The dropout keep scales of one tile row (`scale` or 0), regenerated from the key.
+    km: Vec<f32>,
 }
 
 /// The f32 accumulator of `dbias` (the result itself when it is f32) and the locks that make
@@ -52,15 +55,17 @@ struct BiasAcc {
 }
 
 pub(super) fn run<T: HostElement, K: Isa>(shape: &AttnShape, opts: &AttnOptions, inp: BwdInputs<'_, T>, out: BwdOutputs<'_, T>, ex: &Extras<'_>, dbias: Option<BiasGrad<'_>>) {
-    // Two instances: without optional operands the tile loop is exactly the original one.
-    if ex.is_none() {
-        run_impl::<T, K, false>(shape, opts, inp, out, ex, None)
-    } else {
-        run_impl::<T, K, true>(shape, opts, inp, out, ex, dbias)
+    // One instance per combination: without optional operands the tile loop is exactly the
+    // original one, and without dropout (rate 0) no generator code is in it.
+    match (ex.changes_scores(), ex.dropout.is_some()) {
+        (false, false) => run_impl::<T, K, false, false>(shape, opts, inp, out, ex, None),
+        (true, false) => run_impl::<T, K, true, false>(shape, opts, inp, out, ex, dbias),
+        (false, true) => run_impl::<T, K, false, true>(shape, opts, inp, out, ex, None),
+        (true, true) => run_impl::<T, K, true, true>(shape, opts, inp, out, ex, dbias),
     }
 }
 
-fn run_impl<T: HostElement, K: Isa, const EXT: bool>(shape: &AttnShape, opts: &AttnOptions, inp: BwdInputs<'_, T>, out: BwdOutputs<'_, T>, ex: &Extras<'_>, mut dbias: Option<BiasGrad<'_>>) {
+fn run_impl<T: HostElement, K: Isa, const EXT: bool, const DROP: bool>(shape: &AttnShape, opts: &AttnOptions, inp: BwdInputs<'_, T>, out: BwdOutputs<'_, T>, ex: &Extras<'_>, mut dbias: Option<BiasGrad<'_>>) {
     let AttnShape { batch, seq_q: sq, seq_k: sk, heads: h, kv_heads: hkv, head_dim: d } = *shape;
     // dbias is a sum: zero first, so every early return below leaves it right.
     let mut dbias_tmp: Vec<f32> = Vec::new();
@@ -128,6 +133,8 @@ fn run_impl<T: HostElement, K: Isa, const EXT: bool>(shape: &AttnShape, opts: &A
 
     let prep = if EXT { Prep::new(shape, ex) } else { Prep::new(shape, &Extras::default()) };
     let prep = &prep;
+    let dropout = ex.dropout.unwrap_or(NO_DROPOUT);
+    let keep_row = keep_row_fn(K::SCALAR);
     let acc = match (dbias_ptr, ex.bias) {
         (Some(ptr), Some(bias)) => {
             let dims = bias.dims;
@@ -159,6 +166,7 @@ fn run_impl<T: HostElement, K: Isa, const EXT: bool>(shape: &AttnShape, opts: &A
             ranges: Vec::with_capacity(BR),
             e: if EXT { vec![0.0; BC] } else { Vec::new() },
             ds: if ds_apart { vec![0.0; BR * BC] } else { Vec::new() },
+            km: if DROP { vec![0.0; BC] } else { Vec::new() },
         },
         |scr, task| {
             let (bkv, kb) = (task / nkb, task % nkb);
@@ -234,7 +242,18 @@ fn run_impl<T: HostElement, K: Isa, const EXT: bool>(shape: &AttnShape, opts: &A
                             }
                             continue;
                         }
-                        if EXT {
+                        if DROP {
+                            // The forward's mask, regenerated: M of (b, hq, i, j0..j0+BC).
+                            let i = i0 + r;
+                            let ext = if EXT { prep.row(&mut scr.e, b, hq, i, qst as i64 + i as i64, j0, cols, alibi2) } else { NO_EXT };
+                            let dsp = if ds_apart { scr.ds[r * BC..].as_mut_ptr() } else { std::ptr::null_mut() };
+                            // SAFETY: km and the rows hold BC floats; j0 is a multiple of BC (so of 4);
+                            // a < e ≤ cols ≤ BC.
+                            unsafe {
+                                keep_row(scr.km.as_mut_ptr(), &dropout, b as u32, hq as u32, i as u32, j0, BC);
+                                K::bwd_row_drop(srow.as_mut_ptr(), scr.dp[r * BC..].as_ptr(), prow.as_mut_ptr(), dsp, BC, a, e, opts.softcap, l2, di[row0 + r], ext, scr.km.as_ptr());
+                            }
+                        } else if EXT {
                             let i = i0 + r;
                             let ext = prep.row(&mut scr.e, b, hq, i, qst as i64 + i as i64, j0, cols, alibi2);
                             let dsp = if ds_apart { scr.ds[r * BC..].as_mut_ptr() } else { std::ptr::null_mut() };
@@ -256,7 +275,7 @@ fn run_impl<T: HostElement, K: Isa, const EXT: bool>(shape: &AttnShape, opts: &A
                     }
                     let kw = chi - clo;
                     unsafe {
-                        // dV[clo..chi] += Pᵀ·dO ; dK[clo..chi] += dXᵀ·qs (A transposed by strides).
+                        // dV[clo..chi] += Pᵀ·dO (P ∘ M·s under dropout); dK[clo..chi] += dXᵀ·qs (A transposed by strides).
                         K::gemm(Gemm { m: kw, n: dp, k: rows, a: scr.p.as_ptr().add(clo), a_rs: 1, a_cs: BC, b: doblk.as_ptr(), ldb: dp, c: scr.dv.as_mut_ptr().add(clo * dp), ldc: dp, accumulate: true });
                         K::gemm(Gemm { m: kw, n: dp, k: rows, a: scr.s.as_ptr().add(clo), a_rs: 1, a_cs: BC, b: qblk.as_ptr(), ldb: dp, c: scr.dk.as_mut_ptr().add(clo * dp), ldc: dp, accumulate: true });
                         // This block's share of dQ = dX·(scale·K), added under the block's lock.

@@ -10,9 +10,11 @@
 
 use rayon::prelude::*;
 
+use super::dropout::{keep_row_fn, KeepRowFn, NO_DROPOUT};
 use super::extra::Prep;
 use super::kernels::{Gemm, Isa, RowExtra, LOG2_E, PAD};
 use super::{round_up, FwdInputs, FwdOutputs, HostElement, SyncPtr};
+use crate::philox::Dropout;
 use crate::{AttnOptions, AttnShape, Extras, KeyRange};
 
 /// Query rows per task.
@@ -30,6 +32,8 @@ struct Scratch {
     ranges: Vec<KeyRange>,
     /// One additive row built for the extras (bias conversion, bias + key mask).
     e: Vec<f32>,
+    /// The dropout keep scales of one tile row (`scale` or 0).
+    km: Vec<f32>,
 }
 
 /// Where the current (batch, head, query block) sits, for the extras' rows.
@@ -40,18 +44,23 @@ struct RowCtx<'p, 'a> {
     i0: usize,
     q_start: i64,
     alibi2: f32,
+    /// Dropout and its generator (read only in the `DROP` instances).
+    dropout: Dropout,
+    keep_row: KeepRowFn,
 }
 
 pub(super) fn run<T: HostElement, K: Isa>(shape: &AttnShape, opts: &AttnOptions, inp: FwdInputs<'_, T>, out: FwdOutputs<'_, T>, ex: &Extras<'_>) {
-    // Two instances: without optional operands the tile loop is exactly the original one.
-    if ex.is_none() {
-        run_impl::<T, K, false>(shape, opts, inp, out, ex)
-    } else {
-        run_impl::<T, K, true>(shape, opts, inp, out, ex)
+    // One instance per combination: without optional operands the tile loop is exactly the
+    // original one, and without dropout (rate 0) no generator code is in it.
+    match (ex.changes_scores(), ex.dropout.is_some()) {
+        (false, false) => run_impl::<T, K, false, false>(shape, opts, inp, out, ex),
+        (true, false) => run_impl::<T, K, true, false>(shape, opts, inp, out, ex),
+        (false, true) => run_impl::<T, K, false, true>(shape, opts, inp, out, ex),
+        (true, true) => run_impl::<T, K, true, true>(shape, opts, inp, out, ex),
     }
 }
 
-fn run_impl<T: HostElement, K: Isa, const EXT: bool>(shape: &AttnShape, opts: &AttnOptions, inp: FwdInputs<'_, T>, out: FwdOutputs<'_, T>, ex: &Extras<'_>) {
+fn run_impl<T: HostElement, K: Isa, const EXT: bool, const DROP: bool>(shape: &AttnShape, opts: &AttnOptions, inp: FwdInputs<'_, T>, out: FwdOutputs<'_, T>, ex: &Extras<'_>) {
     let AttnShape { batch, seq_q: sq, seq_k: sk, heads: h, kv_heads: hkv, head_dim: d } = *shape;
     if batch == 0 || sq == 0 {
         return;
@@ -88,6 +97,8 @@ fn run_impl<T: HostElement, K: Isa, const EXT: bool>(shape: &AttnShape, opts: &A
 
     let prep = if EXT { Prep::new(shape, ex) } else { Prep::new(shape, &Extras::default()) };
     let prep = &prep;
+    let dropout = ex.dropout.unwrap_or(NO_DROPOUT);
+    let keep_row = keep_row_fn(K::SCALAR);
     // Per (batch·kv head, key tile): does V hold an inf/NaN there? Once here, so the tile loop
     // asks a bit instead of scanning BC·dp values for every (query block, tile).
     let vbad: Vec<bool> = vp.par_chunks(BC * dp).map(|t| t.iter().any(|x| !x.is_finite())).collect();
@@ -104,6 +115,7 @@ fn run_impl<T: HostElement, K: Isa, const EXT: bool>(shape: &AttnShape, opts: &A
             l: vec![0.0; BR],
             ranges: Vec::with_capacity(BR),
             e: if EXT { vec![0.0; BC] } else { Vec::new() },
+            km: if DROP { vec![0.0; BC] } else { Vec::new() },
         },
         |scr, task| {
             let (bhq, qb) = (task / nqb, task % nqb);
@@ -132,7 +144,7 @@ fn run_impl<T: HostElement, K: Isa, const EXT: bool>(shape: &AttnShape, opts: &A
                 let kt = &kt[bkv * ntk * d * BC..(bkv + 1) * ntk * d * BC];
                 let vp = &vp[bkv * ntk * BC * dp..(bkv + 1) * ntk * BC * dp];
                 let vbad = &vbad[bkv * ntk..(bkv + 1) * ntk];
-                let ctx = RowCtx { prep, b, hq, i0, q_start: qst as i64, alibi2: if EXT { prep.alibi2(hq) } else { 0.0 } };
+                let ctx = RowCtx { prep, b, hq, i0, q_start: qst as i64, alibi2: if EXT { prep.alibi2(hq) } else { 0.0 }, dropout, keep_row };
                 for tile in block.start / BC..block.end.div_ceil(BC) {
                     if EXT && !prep.tile_visible(b, tile) {
                         // key_mask hides every key of this tile from this batch row.
@@ -141,7 +153,7 @@ fn run_impl<T: HostElement, K: Isa, const EXT: bool>(shape: &AttnShape, opts: &A
                     if EXT {
                         prep.prefetch_bias(b, hq, i0, rows, tile * BC);
                     }
-                    step::<K, EXT>(scr, opts, rows, d, dp, tile, sk, kt, vp, vbad[tile], &ctx);
+                    step::<K, EXT, DROP>(scr, opts, rows, d, dp, tile, sk, kt, vp, vbad[tile], &ctx);
                 }
             }
 
@@ -171,7 +183,7 @@ fn run_impl<T: HostElement, K: Isa, const EXT: bool>(shape: &AttnShape, opts: &A
 /// One key tile for one block of query rows: `S = Qs·K^T`, the online-softmax update of every
 /// row, then `O += P·V` over the tile's columns that any row sees.
 #[allow(clippy::too_many_arguments)]
-fn step<K: Isa, const EXT: bool>(scr: &mut Scratch, opts: &AttnOptions, rows: usize, d: usize, dp: usize, tile: usize, sk: usize, kt: &[f32], vp: &[f32], v_bad: bool, ctx: &RowCtx<'_, '_>) {
+fn step<K: Isa, const EXT: bool, const DROP: bool>(scr: &mut Scratch, opts: &AttnOptions, rows: usize, d: usize, dp: usize, tile: usize, sk: usize, kt: &[f32], vp: &[f32], v_bad: bool, ctx: &RowCtx<'_, '_>) {
     let j0 = tile * BC;
     let kt_tile = &kt[tile * d * BC..(tile + 1) * d * BC];
     // SAFETY: qs is rows×dp (k = d ≤ dp columns read), kt_tile is d×BC, s is BR×BC.
@@ -227,6 +239,15 @@ fn step<K: Isa, const EXT: bool>(scr: &mut Scratch, opts: &AttnOptions, rows: us
         }
         scr.l[r] = scr.l[r] * alpha + sum;
         scr.m[r] = m_new;
+        if DROP {
+            // o takes P ∘ M · s; l (so lse) keeps the undropped sum: the softmax precedes dropout.
+            let i = (ctx.i0 + r) as u32;
+            // SAFETY: km holds BC floats; tiles start on multiples of BC (so of 4).
+            unsafe { (ctx.keep_row)(scr.km.as_mut_ptr(), &ctx.dropout, ctx.b as u32, ctx.hq as u32, i, j0, BC) };
+            for (p, k) in srow.iter_mut().zip(&scr.km) {
+                *p *= k;
+            }
+        }
         clo = clo.min(a);
         chi = chi.max(b);
     }

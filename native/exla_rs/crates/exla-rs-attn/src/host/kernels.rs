@@ -46,6 +46,9 @@ pub(crate) struct RowExtra {
     pub dist0: f32,
 }
 
+/// A row without extras.
+pub(crate) const NO_EXT: RowExtra = RowExtra { add: core::ptr::null(), alibi: 0.0, dist0: 0.0 };
+
 /// Column offsets within one vector, for the ALiBi distance.
 pub(crate) static IOTA: [f32; 16] = [0., 1., 2., 3., 4., 5., 6., 7., 8., 9., 10., 11., 12., 13., 14., 15.];
 
@@ -55,6 +58,8 @@ pub(crate) static IOTA: [f32; 16] = [0., 1., 2., 3., 4., 5., 6., 7., 8., 9., 10.
 /// Callers guarantee every pointer/extent they pass is in bounds, and only use an
 /// implementation whose CPU features were detected ([`super::dispatch`]).
 pub(crate) trait Isa: Send + Sync + 'static {
+    /// The scalar family (its dropout generator is the scalar one too).
+    const SCALAR: bool;
     unsafe fn gemm(g: Gemm);
     /// One row of a forward tile. `s[0..n]` holds `log2(e)·x`, `x = scale·q·k`; columns `[a, b)`
     /// (non-empty) are visible. Replaces `s` with `p = 2^(s2 - m_new)` (0 outside `[a, b)`), where
@@ -75,12 +80,16 @@ pub(crate) trait Isa: Send + Sync + 'static {
     /// bias gradient), 0 outside `[a, b)`.
     #[allow(clippy::too_many_arguments)]
     unsafe fn bwd_row_ext(s: *mut f32, dp: *const f32, p: *mut f32, ds: *mut f32, n: usize, a: usize, b: usize, softcap: f32, lse2: f32, di: f32, ext: RowExtra);
+    /// [`Isa::bwd_row_ext`] under dropout: `km[0..n]` holds the keep scales `M·s` of the row, and
+    /// `p` gets `P ∘ M·s` (what dV needs) while `dZ = P ∘ (M·s·dP - di)`.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn bwd_row_drop(s: *mut f32, dp: *const f32, p: *mut f32, ds: *mut f32, n: usize, a: usize, b: usize, softcap: f32, lse2: f32, di: f32, ext: RowExtra, km: *const f32);
 }
 
 macro_rules! isa_kernels {
     ($modname:ident, $ops:ident, $r_main:literal, $nv_main:literal $(, #[$feat:meta])?) => {
         pub(crate) mod $modname {
-            use super::{Gemm, Isa, RowExtra, IOTA, LOG2_E};
+            use super::{Gemm, Isa, RowExtra, IOTA, LOG2_E, NO_EXT};
             use crate::host::simd::$ops as s;
             use s::{V, L};
 
@@ -248,7 +257,7 @@ macro_rules! isa_kernels {
             $(#[$feat])?
             #[inline]
             #[allow(clippy::too_many_arguments)]
-            unsafe fn bwd_row_impl<const EXT: bool>(sp: *mut f32, dp: *const f32, pp: *mut f32, dsp: *mut f32, n: usize, a: usize, b: usize, softcap: f32, lse2: f32, di: f32, ext: &RowExtra) {
+            unsafe fn bwd_row_impl<const EXT: bool, const DROP: bool>(sp: *mut f32, dp: *const f32, pp: *mut f32, dsp: *mut f32, n: usize, a: usize, b: usize, softcap: f32, lse2: f32, di: f32, ext: &RowExtra, km: *const f32) {
                 let l2 = s::splat(lse2);
                 let dv = s::splat(di);
                 // A key hidden by the extras has z2 = -inf: exp2 clamps it to exactly 0, so p,
@@ -261,7 +270,7 @@ macro_rules! isa_kernels {
                         let t = tanh(s::mul(s::load(sp.add(j)), inv));
                         let z2 = s::mul(c2, t);
                         let p = s::exp2(s::sub(if EXT { add_ext(z2, j, ext) } else { z2 }, l2));
-                        let ds = s::mul(p, s::sub(s::load(dp.add(j)), dv));
+                        let (p, ds) = if DROP { drop_ds(p, s::load(km.add(j)), s::load(dp.add(j)), dv) } else { (p, s::mul(p, s::sub(s::load(dp.add(j)), dv))) };
                         if EXT && !dsp.is_null() {
                             s::store(dsp.add(j), ds);
                         }
@@ -275,7 +284,7 @@ macro_rules! isa_kernels {
                     for j in (0..n).step_by(L) {
                         let z2 = s::mul(s::load(sp.add(j)), l2e);
                         let p = s::exp2(s::sub(if EXT { add_ext(z2, j, ext) } else { z2 }, l2));
-                        let ds = s::mul(p, s::sub(s::load(dp.add(j)), dv));
+                        let (p, ds) = if DROP { drop_ds(p, s::load(km.add(j)), s::load(dp.add(j)), dv) } else { (p, s::mul(p, s::sub(s::load(dp.add(j)), dv))) };
                         if EXT && !dsp.is_null() {
                             s::store(dsp.add(j), ds);
                         }
@@ -292,7 +301,14 @@ macro_rules! isa_kernels {
                 }
             }
 
-            const NO_EXT: RowExtra = RowExtra { add: core::ptr::null(), alibi: 0.0, dist0: 0.0 };
+            /// Under dropout: `(P ∘ km, P ∘ (km·dP - di))` with `km = M·s` (a dropped entry keeps
+            /// its softmax gradient `-P·di`).
+            $(#[$feat])?
+            #[inline]
+            unsafe fn drop_ds(p: V, km: V, dpv: V, di: V) -> (V, V) {
+                let pk = s::mul(p, km);
+                (pk, s::sub(s::mul(pk, dpv), s::mul(p, di)))
+            }
 
             $(#[$feat])?
             unsafe fn fwd_row(sp: *mut f32, n: usize, a: usize, b: usize, softcap: f32, m_old: f32) -> (f32, f32) {
@@ -308,16 +324,23 @@ macro_rules! isa_kernels {
             $(#[$feat])?
             #[allow(clippy::too_many_arguments)]
             unsafe fn bwd_row(sp: *mut f32, dp: *const f32, pp: *mut f32, n: usize, a: usize, b: usize, softcap: f32, lse2: f32, di: f32) {
-                bwd_row_impl::<false>(sp, dp, pp, core::ptr::null_mut(), n, a, b, softcap, lse2, di, &NO_EXT)
+                bwd_row_impl::<false, false>(sp, dp, pp, core::ptr::null_mut(), n, a, b, softcap, lse2, di, &NO_EXT, core::ptr::null())
             }
 
             $(#[$feat])?
             #[allow(clippy::too_many_arguments)]
             unsafe fn bwd_row_ext(sp: *mut f32, dp: *const f32, pp: *mut f32, dsp: *mut f32, n: usize, a: usize, b: usize, softcap: f32, lse2: f32, di: f32, ext: RowExtra) {
-                bwd_row_impl::<true>(sp, dp, pp, dsp, n, a, b, softcap, lse2, di, &ext)
+                bwd_row_impl::<true, false>(sp, dp, pp, dsp, n, a, b, softcap, lse2, di, &ext, core::ptr::null())
+            }
+
+            $(#[$feat])?
+            #[allow(clippy::too_many_arguments)]
+            unsafe fn bwd_row_drop(sp: *mut f32, dp: *const f32, pp: *mut f32, dsp: *mut f32, n: usize, a: usize, b: usize, softcap: f32, lse2: f32, di: f32, ext: RowExtra, km: *const f32) {
+                bwd_row_impl::<true, true>(sp, dp, pp, dsp, n, a, b, softcap, lse2, di, &ext, km)
             }
 
             impl Isa for Kernels {
+                const SCALAR: bool = L == 1;
                 unsafe fn gemm(g: Gemm) {
                     gemm(g)
                 }
@@ -335,6 +358,10 @@ macro_rules! isa_kernels {
                 #[allow(clippy::too_many_arguments)]
                 unsafe fn bwd_row_ext(s: *mut f32, dp: *const f32, p: *mut f32, ds: *mut f32, n: usize, a: usize, b: usize, softcap: f32, lse2: f32, di: f32, ext: RowExtra) {
                     bwd_row_ext(s, dp, p, ds, n, a, b, softcap, lse2, di, ext)
+                }
+                #[allow(clippy::too_many_arguments)]
+                unsafe fn bwd_row_drop(s: *mut f32, dp: *const f32, p: *mut f32, ds: *mut f32, n: usize, a: usize, b: usize, softcap: f32, lse2: f32, di: f32, ext: RowExtra, km: *const f32) {
+                    bwd_row_drop(s, dp, p, ds, n, a, b, softcap, lse2, di, ext, km)
                 }
             }
         }

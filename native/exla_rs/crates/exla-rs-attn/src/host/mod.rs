@@ -9,6 +9,8 @@
 //! - `kernels.rs` + `simd.rs`: the inner loops, instantiated for AVX-512, AVX2+FMA and scalar,
 //!   picked at run time ([`dispatch`]); no `-C target-cpu` needed.
 //!
+//! - `dropout.rs`: the dropout keep scales of a tile row (vectorised Philox); a call without
+//!   dropout runs instances with no generator in them (`const DROP: bool`).
 //! - `extra.rs`: the optional operands (key mask, bias, ALiBi) as per-row additions; a call
 //!   without them runs the original tile loops (a `const EXT: bool` instance each), so it pays
 //!   nothing for them.
@@ -17,6 +19,7 @@
 //! f16/bf16; never S×S beyond what the bias itself holds), so [`workspace_bytes`] is 0.
 
 mod backward;
+mod dropout;
 mod element;
 mod extra;
 mod forward;

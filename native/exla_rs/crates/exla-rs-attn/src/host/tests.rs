@@ -2,6 +2,7 @@
 //! predicate directly (not `KeyRange`), on every kernel family the CPU has, all three dtypes.
 
 use super::*;
+use crate::philox::{dropout_keep, Dropout};
 use crate::{Bias, BiasData};
 use half::{bf16, f16};
 
@@ -42,6 +43,7 @@ struct Case {
     /// and a scatter of single entries.
     bias_neg_inf: bool,
     alibi: bool,
+    dropout: Option<Dropout>,
 }
 
 impl Case {
@@ -62,7 +64,17 @@ impl Case {
             bias: None,
             bias_neg_inf: false,
             alibi: false,
+            dropout: None,
         }
+    }
+    /// Dropout at `rate` with key `key`.
+    fn drop(mut self, rate: f32, key: [u32; 2]) -> Self {
+        self.dropout = Dropout::from_attributes(rate, Some(key)).unwrap();
+        self
+    }
+    /// `M·s` of entry (b, h, i, j), from the scalar definition (`crate::philox`); 1 without dropout.
+    fn keep_scale(&self, b: usize, h: usize, i: usize, j: usize) -> f64 {
+        self.dropout.map_or(1.0, |d| if dropout_keep(d.key, d.threshold, b as u32, h as u32, i as u32, j as u64) { d.scale as f64 } else { 0.0 })
     }
     fn mask(mut self, m: Vec<u8>) -> Self {
         assert_eq!(m.len(), self.b * self.sk);
@@ -245,17 +257,19 @@ fn reference(c: &Case, x: &Inputs) -> Reference {
                 let dov = &x.d_o[qi(b, i, hh)..qi(b, i, hh) + d];
                 let mut o = vec![0.0; d];
                 let mut dpv = vec![0.0; js.len()];
+                // Dropout: o and dv take P ∘ M·s; lse and the softmax's Jacobian do not.
+                let ms: Vec<f64> = js.iter().map(|&j| c.keep_scale(b, hh, i, j)).collect();
                 for (n, &j) in js.iter().enumerate() {
                     let vv = &x.v[ki(b, j, kh)..ki(b, j, kh) + d];
                     for t in 0..d {
-                        o[t] += p[n] * vv[t];
+                        o[t] += p[n] * ms[n] * vv[t];
                         dpv[n] += dov[t] * vv[t];
                     }
                 }
                 let delta: f64 = (0..d).map(|t| o[t] * dov[t]).sum();
                 r.o[qi(b, i, hh)..qi(b, i, hh) + d].copy_from_slice(&o);
                 for (n, &j) in js.iter().enumerate() {
-                    let ds = p[n] * (dpv[n] - delta);
+                    let ds = p[n] * (ms[n] * dpv[n] - delta);
                     if c.bias.is_some() {
                         r.dbias[c.bias_index(b, hh, i, j)] += ds;
                     }
@@ -263,7 +277,7 @@ fn reference(c: &Case, x: &Inputs) -> Reference {
                     for t in 0..d {
                         r.dq[qi(b, i, hh) + t] += scale * dx * x.k[ki(b, j, kh) + t];
                         r.dk[ki(b, j, kh) + t] += scale * dx * q[t];
-                        r.dv[ki(b, j, kh) + t] += p[n] * dov[t];
+                        r.dv[ki(b, j, kh) + t] += p[n] * ms[n] * dov[t];
                     }
                 }
             }
@@ -313,6 +327,7 @@ fn run_case<T: BiasOf>(which: Which, c: &Case, tol: f64, seed: u64) {
         key_mask: c.key_mask.as_deref(),
         bias: c.bias.map(|dims| Bias { data: T::bias_data(&bias_t), dims }),
         alibi_slopes: if c.alibi { Some(&x.slopes[..]) } else { None },
+        dropout: c.dropout,
     };
     let mut dbias = vec![T::from_f32(7.0); bias_t.len()];
     // Outputs start as garbage so a missed write shows.
@@ -503,7 +518,7 @@ fn extras_are_validated() {
     expect(run(Extras { alibi_slopes: Some(&slopes[1..]), ..Default::default() }), "alibi_slopes");
     expect(run(Extras { bias: Some(Bias { data: BiasData::F32(&bias), dims: [2, 4, 8, 3] }), ..Default::default() }), "bias");
     expect(run(Extras { bias: Some(Bias { data: BiasData::F32(&bias[1..]), dims: [2, 4, 8, 9] }), ..Default::default() }), "bias");
-    run(Extras { key_mask: Some(&mask), bias: Some(Bias { data: BiasData::F32(&bias), dims: [2, 4, 8, 9] }), alibi_slopes: Some(&slopes) }).unwrap();
+    run(Extras { key_mask: Some(&mask), bias: Some(Bias { data: BiasData::F32(&bias), dims: [2, 4, 8, 9] }), alibi_slopes: Some(&slopes), dropout: None }).unwrap();
 }
 
 #[test]
@@ -721,5 +736,83 @@ fn exp2_is_accurate_on_every_isa() {
         };
         println!("{which:?}: exp2 max error {ulps:.2} ulp");
         assert!(ulps < 3.0, "{which:?}: exp2 error {ulps} ulp");
+    }
+}
+
+/// Dropout alone and with every other option; rates low and high, keys at the u32 limits.
+fn dropout_cases() -> Vec<Case> {
+    let holes = |b: usize, sk: usize| (0..b * sk).map(|n| u8::from(n % 5 != 2 && n % 11 != 0)).collect::<Vec<u8>>();
+    vec![
+        Case::new(2, 37, 45, 4, 2, 8).drop(0.5, [1, 2]),
+        Case::new(1, 70, 130, 2, 2, 64).drop(0.1, [0xdead_beef, 7]),
+        Case::new(1, 70, 70, 2, 2, 64).win(-1, 0).drop(0.9, [u32::MAX, u32::MAX]),
+        Case::new(1, 90, 90, 2, 1, 32).win(10, 3).qs(&[4]).cap(5.0).drop(0.25, [3, 0]),
+        Case::new(3, 21, 140, 4, 2, 8).kv(&[0, 130, 140]).left_pad(&[0, 65, 139]).win(20, 3).qs(&[100, 110, 115]).drop(0.3, [5, 6]),
+        Case::new(2, 33, 70, 4, 2, 8).bias([1, 4, 33, 70]).cap(3.0).drop(0.2, [9, 9]),
+        Case::new(2, 30, 50, 2, 2, 8).bias([1, 2, 30, 50]).neg_inf().drop(0.6, [11, 12]),
+        Case::new(2, 33, 100, 4, 1, 32).alibi().win(-1, 0).qs(&[67, -3]).drop(0.4, [13, 14]),
+        Case::new(3, 50, 131, 6, 2, 16).left_pad(&[0, 40, 130]).bias([1, 6, 50, 131]).alibi().win(64, 0).cap(10.0).kv(&[131, 120, 100]).qs(&[81, 70, 60]).drop(0.15, [15, 16]),
+        Case::new(2, 17, 70, 4, 2, 256).mask(holes(2, 70)).bias([2, 1, 1, 70]).neg_inf().alibi().win(-1, 0).qs(&[53, 10]).drop(0.5, [17, 18]),
+        // A fully masked batch row (all-zero key mask): lse -inf, o = 0 under dropout too.
+        Case::new(2, 9, 30, 2, 1, 16).mask((0..60).map(|n| u8::from(n < 30 && n % 2 == 0)).collect()).drop(0.5, [19, 20]),
+    ]
+}
+
+#[test]
+fn dropout_f32_every_isa() {
+    for which in available() {
+        for (n, c) in dropout_cases().iter().enumerate() {
+            run_case::<f32>(which, c, 1e-4, 8000 + n as u64);
+        }
+    }
+}
+
+#[test]
+fn dropout_f16_bf16() {
+    for (n, c) in dropout_cases().iter().enumerate() {
+        run_case::<f16>(dispatch(), c, 5e-3, 9000 + n as u64);
+        run_case::<bf16>(dispatch(), c, 3e-2, 9500 + n as u64);
+    }
+}
+
+/// The mask the kernels apply, observed directly: with q = 0 every visible key has P = 1/Sk,
+/// and with V the identity over keys (D = Sk) o[i, h, j] = M·s / Sk exactly.
+#[test]
+fn dropout_mask_is_the_definition() {
+    let c = Case::new(2, 70, 72, 3, 3, 72).drop(0.3, [0x243f_6a88, 0x85a3_08d3]);
+    let s = c.shape();
+    let q = vec![0f32; s.q_len()];
+    let k: Vec<f32> = { let mut r = Rng(5); (0..s.kv_len()).map(|_| r.uniform(1.0)).collect() };
+    let mut v = vec![0f32; s.kv_len()];
+    for b in 0..c.b {
+        for j in 0..c.sk {
+            for hh in 0..c.hkv {
+                v[((b * c.sk + j) * c.hkv + hh) * c.d + j] = 1.0;
+            }
+        }
+    }
+    for which in available() {
+        let mut o = vec![7f32; s.q_len()];
+        let mut lse = vec![7f32; s.lse_len()];
+        let ex = Extras { dropout: c.dropout, ..Default::default() };
+        forward_on(which, &s, &c.opts(), FwdInputs { q: &q, k: &k, v: &v, kv_len: &c.kv_len, q_start: &c.q_start }, &ex, FwdOutputs { o: &mut o, lse: &mut lse }, &mut []).unwrap();
+        let mut kept = 0usize;
+        for b in 0..c.b {
+            for i in 0..c.sq {
+                for hh in 0..c.h {
+                    for j in 0..c.sk {
+                        let want = c.keep_scale(b, hh, i, j) / c.sk as f64;
+                        let got = o[((b * c.sq + i) * c.h + hh) * c.d + j] as f64;
+                        assert!((got - want).abs() <= 1e-6 * want.max(1e-3), "{which:?} o[{b},{i},{hh},{j}] = {got}, want {want}");
+                        kept += usize::from(want > 0.0);
+                    }
+                    // lse is the undropped one: log(Sk).
+                    let l = lse[(b * c.h + hh) * c.sq + i] as f64;
+                    assert!((l - (c.sk as f64).ln()).abs() < 1e-5, "{which:?} lse {l}");
+                }
+            }
+        }
+        let n = c.b * c.sq * c.h * c.sk;
+        assert!(kept > 0 && kept < n, "{which:?}: kept {kept} of {n}");
     }
 }
