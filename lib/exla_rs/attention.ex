@@ -270,9 +270,10 @@ defmodule ExlaRs.Attention do
 
     # The backward block's tag for the forward's options and the given dims (the
     # workspace depends on them), built only when a gradient is taken.
-    defp backward_tag(%Forward{} = fwd, bias_grad?, dtype, dims) do
+    # bias: the bias operand (its shape sizes CUDA's dbias accumulator) or nil.
+    defp backward_tag(%Forward{} = fwd, bias_grad?, dtype, dims, bias) do
       bwd = struct!(Backward, fwd |> Map.from_struct() |> Map.merge(%{bias_grad: bias_grad?, workspace: 0}))
-      %{bwd | workspace: ExlaRs.CustomCall.workspace_bytes(bwd, dtype, dims)}
+      %{bwd | workspace: ExlaRs.CustomCall.workspace_bytes(bwd, dtype, dims, bias && Nx.shape(bias))}
     end
 
     defp run(q, k, v, opts, fun, with_lse?) do
@@ -300,7 +301,7 @@ defmodule ExlaRs.Attention do
           Nx.Defn.Kernel.custom_grad(o, wrt, fn g ->
             # do is shaped and typed like o (the cotangent may come widened or as a scalar).
             d_o = g |> Nx.as_type(Nx.type(o)) |> Nx.broadcast(Nx.shape(o))
-            bwd = backward_tag(fwd, bias_grad?, Nx.type(q), dims(q, k, Nx.axis_size(q, 3)))
+            bwd = backward_tag(fwd, bias_grad?, Nx.type(q), dims(q, k, Nx.axis_size(q, 3)), bias)
             bwd_args = base ++ [o, lse, d_o | optional]
             bout = Nx.block(bwd, bwd_args, backward_template(bwd, q, k, v, bias), default(:backward, bwd_args))
             # dq, dk, dv[, dbias] lead the block's results (block_results/3).
@@ -372,7 +373,7 @@ defmodule ExlaRs.Attention do
       o_wide = Nx.broadcast(Nx.tensor(0, type: type), {b, sq, h, wide})
       do_wide = widen.(dlse_col, d)
 
-      tag = backward_tag(fwd, bias_grad?, type, dims(q, k, wide))
+      tag = backward_tag(fwd, bias_grad?, type, dims(q, k, wide), ExlaRs.CustomCall.optional_map(fwd, optional)[:bias])
       args = [q_wide, k_wide, v_wide, kv_len, q_start, o_wide, lse, do_wide | optional]
       bias = ExlaRs.CustomCall.optional_map(tag, optional)[:bias]
       out = Nx.block(tag, args, backward_template(tag, q_wide, k_wide, v_wide, bias), default(:backward, args))

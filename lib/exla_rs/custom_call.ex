@@ -83,7 +83,7 @@ defmodule ExlaRs.CustomCall do
     with true <- platform in [:host, :cuda],
          {:ok, pass, dtype, dims} <- match_call(tag, out, args),
          true <- supports?(platform, required_features(tag)),
-         need when need >= 0 <- native_workspace(pass, platform, dtype, dims),
+         need when need >= 0 <- call_workspace(tag, pass, platform, dtype, dims, bias_shape(tag, args)),
          true <- need <= tag.workspace,
          :ok <- ensure_registered(platform) do
       {:ok, target(tag), attributes(tag)}
@@ -169,17 +169,49 @@ defmodule ExlaRs.CustomCall do
   tag uses, 0 when none asks for any, none supports it, or the library is not
   loaded. `dims` is `[b, sq, sk, h, hkv, head_dim]`.
   """
-  def workspace_bytes(tag, dtype, dims) do
+  def workspace_bytes(tag, dtype, dims, bias_shape \\ nil) do
     pass = if is_struct(tag, Forward), do: :forward, else: :backward
     features = required_features(tag)
 
     # A platform that would :skip the call never sees the workspace.
     [:host, :cuda]
     |> Enum.filter(&supports?(&1, features))
-    |> Enum.map(&native_workspace(pass, &1, dtype, dims))
+    |> Enum.map(&call_workspace(tag, pass, &1, dtype, dims, bias_shape))
     |> Enum.max(fn -> 0 end)
     |> max(0)
   end
+
+  # The whole workspace of one call on `platform`: the base rule, plus (backward
+  # with bias_grad) the dbias accumulator that exla_rs_flash_attn_dbias_workspace_bytes
+  # appends for a bias of `bias_shape`; -1 when either says unsupported.
+  defp call_workspace(tag, pass, platform, dtype, dims, bias_shape) do
+    with base when base >= 0 <- native_workspace(pass, platform, dtype, dims),
+         extra when extra >= 0 <- dbias_workspace(tag, platform, bias_shape) do
+      base + extra
+    else
+      _ -> -1
+    end
+  end
+
+  defp dbias_workspace(%Backward{bias_grad: true}, platform, {bb, hb, sqb, skb}) do
+    ExlaRs.NIF.dbias_workspace_bytes(platform_code(platform), bb, hb, sqb, skb)
+  rescue
+    _ in [ErlangError, UndefinedFunctionError] -> -1
+  end
+
+  defp dbias_workspace(%Backward{bias_grad: true}, _platform, nil), do: -1
+  defp dbias_workspace(_tag, _platform, _bias_shape), do: 0
+
+  # The bias operand's shape of a backward block with bias_grad (its optional
+  # operands follow q, k, v, kv_len, q_start, o, lse, do), else nil.
+  defp bias_shape(%Backward{bias_grad: true} = tag, args) do
+    case optional_map(tag, Enum.drop(args, 8))[:bias] do
+      nil -> nil
+      bias -> Nx.shape(bias)
+    end
+  end
+
+  defp bias_shape(_tag, _args), do: nil
 
   # ExlaRs.NIF.workspace_bytes/9: N > 0 bytes, 0 none, -1 unsupported there. A
   # type without a native code (f64) or a NIF that failed to load: -1.

@@ -77,6 +77,13 @@ defmodule ExlaRs.NIF do
   def workspace_bytes(_pass, _platform, _dtype, _b, _sq, _sk, _h, _hkv, _d), do: not_loaded()
 
   @doc """
+  Bytes a backward with `bias_grad` appends to `workspace_bytes/9` for a bias of
+  dims `{bb, hb, sqb, skb}` (the dbias accumulator): 0 on the Host, -1 for an
+  unknown platform or dims that are not a bias.
+  """
+  def dbias_workspace_bytes(_platform, _bb, _hb, _sqb, _skb), do: not_loaded()
+
+  @doc """
   The optional features (a bit set) the handlers of `platform` (0 Host, 1 CUDA) run, as
   `exla_rs_flash_attn_features` answers; -1 for an unknown platform code. The bits are
   `feature_bits/0`.

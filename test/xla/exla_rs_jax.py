@@ -43,6 +43,9 @@ def load(platform: str = "cpu") -> ctypes.CDLL:
         _lib = ctypes.CDLL(str(path))
         _lib.exla_rs_flash_attn_workspace_bytes.restype = ctypes.c_int64
         _lib.exla_rs_flash_attn_workspace_bytes.argtypes = [ctypes.c_int32] * 3 + [ctypes.c_int64] * 6
+        if hasattr(_lib, "exla_rs_flash_attn_dbias_workspace_bytes"):  # absent from libraries before it
+            _lib.exla_rs_flash_attn_dbias_workspace_bytes.restype = ctypes.c_int64
+            _lib.exla_rs_flash_attn_dbias_workspace_bytes.argtypes = [ctypes.c_int32] + [ctypes.c_int64] * 4
     if platform not in _registered:
         jax_platform = "cpu" if platform == "cpu" else "CUDA"
         for target in (FWD, BWD):
@@ -62,12 +65,15 @@ def _attrs(scale, softcap, window_left, window_right) -> dict:
     return dict(scale=np.float32(scale), softcap=np.float32(softcap), window_left=np.int64(window_left), window_right=np.int64(window_right))
 
 
-def _workspace_result(pass_, platform, q, k):
+def _workspace_result(pass_, platform, q, k, dbias_shape=None):
     b, sq, h, d = q.shape
     _, sk, hkv, _ = k.shape
     n = workspace_bytes(pass_, platform, q.dtype, b, sq, sk, h, hkv, d)
     if n < 0:
         raise NotImplementedError(f"{q.dtype} D={d} unsupported on {platform}")
+    if dbias_shape is not None:
+        # A backward with bias_grad: the dbias accumulator follows the base workspace.
+        n += load(platform).exla_rs_flash_attn_dbias_workspace_bytes(PLATFORM_CODES[platform], *map(int, dbias_shape))
     return [jax.ShapeDtypeStruct((n,), jnp.uint8)] if n > 0 else []
 
 
@@ -103,7 +109,7 @@ def flash_attn_bwd(q, k, v, kv_len, q_start, o, lse, do, *, scale, softcap=0.0, 
     outs = [jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)]
     if bias_grad:
         outs.append(jax.ShapeDtypeStruct(bias.shape, bias.dtype))
-    outs += _workspace_result(1, platform, q, k)
+    outs += _workspace_result(1, platform, q, k, dbias_shape=bias.shape if bias_grad else None)
     extra, flags = _extras(key_mask, bias, alibi_slopes)
     if bias_grad:
         flags["bias_grad"] = True

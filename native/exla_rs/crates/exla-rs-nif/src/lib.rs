@@ -101,6 +101,13 @@ fn workspace_bytes(pass: i32, platform: i32, dtype: i32, b: i64, sq: i64, sk: i6
     guarded("workspace_bytes", || exla_rs_xla::workspace_bytes(pass, platform, dtype, b, sq, sk, h, hkv, d)).map_err(raise)
 }
 
+/// `exla_rs_flash_attn_dbias_workspace_bytes`: bytes a backward with bias_grad appends to the
+/// base workspace for a bias of dims `[bb, hb, sqb, skb]`; -1 for an unknown platform or bad dims.
+#[rustler::nif]
+fn dbias_workspace_bytes(platform: i32, bb: i64, hb: i64, sqb: i64, skb: i64) -> NifResult<i64> {
+    guarded("dbias_workspace_bytes", || exla_rs_xla::workspace::dbias_workspace_bytes(platform, bb, hb, sqb, skb)).map_err(raise)
+}
+
 /// `exla_rs_flash_attn_features`: the bit set of optional features `platform`'s handlers run
 /// (0 Host, 1 CUDA), -1 for an unknown platform code.
 #[rustler::nif]

@@ -64,12 +64,14 @@ pub const FEATURE_ALIBI: u32 = 4;
 pub const FEATURE_BIAS_GRAD: u32 = 8;
 pub const FEATURE_DROPOUT: u32 = 16;
 
-/// The optional features `platform`'s handlers run. CUDA has none yet: its kernels take only the
-/// base contract, so a call with a key mask, bias or ALiBi answers UNIMPLEMENTED there and the
-/// Elixir layer keeps such calls on the Nx fallback.
+/// The optional features `platform`'s handlers run. Both run all of them: on CUDA the f32 SIMT
+/// kernels (kernels/simt.cuh) and the f16/bf16 tensor-core kernels (flash_fwd.cuh, flash_bwd.cuh)
+/// take the key mask, bias (with dbias), ALiBi and dropout; the sm90 forward declines calls with
+/// optional operands, which then run on the mma.sync forward.
 pub fn features(platform: Platform) -> u32 {
+    let all = FEATURE_KEY_MASK | FEATURE_BIAS | FEATURE_ALIBI | FEATURE_BIAS_GRAD | FEATURE_DROPOUT;
     match platform {
-        Platform::Host => FEATURE_KEY_MASK | FEATURE_BIAS | FEATURE_ALIBI | FEATURE_BIAS_GRAD | FEATURE_DROPOUT,
-        Platform::Cuda => 0,
+        Platform::Host => all,
+        Platform::Cuda => all,
     }
 }

@@ -385,12 +385,12 @@ fn malformed_bias_gradients_are_invalid_argument() {
 }
 
 #[test]
-fn cuda_answers_unimplemented_for_the_extras() {
+fn cuda_runs_the_extras() {
     assert_eq!(exla_rs_flash_attn_features(0), 31);
-    assert_eq!(exla_rs_flash_attn_features(1), 0);
+    assert_eq!(exla_rs_flash_attn_features(1), 31);
     assert_eq!(exla_rs_flash_attn_features(2), -1);
-    // A shape the CUDA kernels run (D=64), with a key mask only: UNIMPLEMENTED naming it, before
-    // any stream is asked for.
+    // A shape the CUDA kernels run (D=64) with every extra: it gets past decode and the feature
+    // check, and fails only where a GPU is needed (the fake frame has no stream).
     let (b, s, h, d) = (1usize, 64usize, 2usize, 64usize);
     let dims = [b as i64, s as i64, h as i64, d as i64];
     let n = b * s * h * d;
@@ -401,7 +401,11 @@ fn cuda_answers_unimplemented_for_the_extras() {
         .arg(i32_buf(&[s as i32]))
         .arg(i32_buf(&[0]))
         .arg(OwnedBuffer::new(sys::XLA_FFI_DataType_U8, &[b as i64, s as i64], &vec![1u8; s]))
+        .arg(f32_buf(&[1, h as i64, s as i64, s as i64], &randn(h * s * s, 4)))
+        .arg(f32_buf(&[h as i64], &[0.5, 0.25]))
         .attr("has_key_mask", AttrValue::Pred(true))
+        .attr("has_bias", AttrValue::Pred(true))
+        .attr("has_alibi", AttrValue::Pred(true))
         .ret(f32_buf(&dims, &vec![0.0; n]))
         .ret(f32_buf(&[b as i64, h as i64, s as i64], &vec![0.0; b * h * s]));
     let ws = exla_rs_flash_attn_workspace_bytes(0, 1, 11, b as i64, s as i64, s as i64, h as i64, h as i64, d as i64);
@@ -409,7 +413,6 @@ fn cuda_answers_unimplemented_for_the_extras() {
         fb = fb.ret(OwnedBuffer::zeroed(sys::XLA_FFI_DataType_U8, &[ws], ws as usize));
     }
     let mut fb = fb.build(api());
-    let e = unsafe { take_fake_error(exla_rs_flash_attn_fwd_cuda(fb.frame())) }.expect("an error");
-    assert_eq!(e.code, sys::XLA_FFI_Error_Code_UNIMPLEMENTED, "{}", e.message);
-    assert!(e.message.contains("key_mask not supported on Cuda"), "{}", e.message);
+    let e = unsafe { take_fake_error(exla_rs_flash_attn_fwd_cuda(fb.frame())) }.expect("an error: no stream here");
+    assert!(!e.message.contains("not supported on Cuda"), "{}", e.message);
 }
