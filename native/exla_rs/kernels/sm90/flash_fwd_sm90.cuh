@@ -38,19 +38,40 @@ struct FwdTraits {
   static constexpr int kColBlocks = D / 64;  // 64-element (128-byte) column blocks per tile row
   static constexpr int kQBytes = kBlockM * D * 2;
   static constexpr int kKVBytes = kBlockN * D * 2;
-  static constexpr int kProducerRegs = 40;
-  static constexpr int kConsumerRegs = 232;  // 128 * 40 + 256 * 232 <= 65536
+  // The V inspection loop needs more than 40 registers; D = 256 consumers need 232.
+  static constexpr int kProducerRegs = D == 256 ? 48 : 56;
+  static constexpr int kConsumerRegs = D == 256 ? 232 : 224;  // 128 * P + 256 * C <= 65536
   // Shared memory: Q | K stages | V stages | mbarriers, every tile 1024-byte aligned (swizzle atom).
   static constexpr int kQOffset = 0;
   static constexpr int kKOffset = kQOffset + kQBytes;
   static constexpr int kVOffset = kKOffset + kStages * kKVBytes;
   static constexpr int kBarOffset = kVOffset + kStages * kKVBytes;
   static constexpr int kBarriers = 3 + 4 * kStages;  // q_full, q_empty, v_raw, k/v full/empty
-  static constexpr int kSmemBytes = kBarOffset + kBarriers * 8 + 1024;  // + alignment slack
+  static constexpr int kPoisonOffset = kBarOffset + kBarriers * 8;
+  static constexpr int kMaxPoison = 32;  // non-finite V elements listed per stage (more: per key)
+  static constexpr int kPoisonBytes = 160;  // sizeof(Poison)
+  static constexpr int kSmemBytes = kPoisonOffset + kStages * kPoisonBytes + 1024;  // + alignment slack
   // Consumer warps that release a stage (lane 0 of each, after its warpgroup's wgmma wait).
   static constexpr int kReleasers = kConsumers * 4;
   static constexpr int kTurnBarrier = 1;  // named barriers 1 and 2: consumer c's turn
 };
+
+// Non-finite V values on a tile some rows of the block see and others do not: the tensor cores
+// would multiply the hidden rows' P = 0 by them (0 * inf = NaN). The producer zeroes them in
+// shared memory and lists them here per stage; a consumer marks NaN the output columns of its rows
+// that do see such a key (what the exact sum gives, up to inf vs NaN), before that stage's P V.
+struct Poison {
+  int count;                // entries found (may exceed kMaxPoison: then `keys` is what counts)
+  unsigned keys[4];         // bit r: key n0 + r of the tile holds a non-finite value
+  unsigned entry[32];       // (key in tile << 16) | head-dim column, the first kMaxPoison found
+  unsigned pad[3];
+};
+static_assert(sizeof(Poison) == 160, "kPoisonBytes");
+
+template <class Tr>
+EXLA_RS_SM90 Poison* poison_of(unsigned char* smem, int stage) {
+  return reinterpret_cast<Poison*>(smem + Tr::kPoisonOffset) + stage;
+}
 
 struct FwdBarriers {
   u64* q_full;
@@ -170,6 +191,8 @@ EXLA_RS_SM90 void fwd_producer(const FwdParams& p, const TensorMap* tq, const Te
     const KeyBlocks kb = key_blocks<Tr>(ki, pos0, pos0 + imin(Tr::kBlockM, p.seq_q - m0) - 1);
     if (kb.count == 0) continue;
     const int kv_head = w.head / group;
+    const int valid = imin(Tr::kBlockM, p.seq_q - m0);
+    const int lo_last = ki.lo(pos0 + valid - 1), hi_first = ki.hi(pos0);
     if (lane == 0) {
       mbar_wait(bar.q_empty, (q_iter & 1) ^ 1);
       mbar_arrive_expect_tx(bar.q_full, Tr::kQBytes);
@@ -187,33 +210,83 @@ EXLA_RS_SM90 void fwd_producer(const FwdParams& p, const TensorMap* tq, const Te
       // Keys in [kv, Sk) are padding the contract lets hold anything; keys >= Sk arrive as zeros.
       const int pad_from = kv - n0;
       const bool pad = pad_from < Tr::kBlockN && kv < p.seq_k;
+      // A tile every row of the block sees whole needs no inspection: non-finite values reach
+      // exactly the rows that see them.
+      const bool straddles = !(n0 >= lo_last && n0 + Tr::kBlockN <= hi_first);
+      const bool inspect = pad || straddles;
+      Poison* ps = poison_of<Tr>(smem, stage);
       if (lane == 0) {
         mbar_wait(bar.k_empty + stage, phase ^ 1);
         mbar_arrive_expect_tx(bar.k_full + stage, Tr::kKVBytes);
         for (int c = 0; c < Tr::kColBlocks; ++c)
           tma_load_4d(tk, bar.k_full + stage, k_dst + c * Tr::kBlockN * kSwizzleRowBytes, c * 64, n0, kv_head, w.batch);
         mbar_wait(bar.v_empty + stage, phase ^ 1);
-        u64* done = pad ? bar.v_raw : bar.v_full + stage;
+        ps->count = 0;  // published by the arrive on v_full (release), read after its wait
+        for (int k = 0; k < 4; ++k) ps->keys[k] = 0;
+        u64* done = inspect ? bar.v_raw : bar.v_full + stage;
         mbar_arrive_expect_tx(done, Tr::kKVBytes);
         for (int c = 0; c < Tr::kColBlocks; ++c)
           tma_load_4d(tv, done, v_dst + c * Tr::kBlockN * kSwizzleRowBytes, c * 64, n0, kv_head, w.batch);
       }
-      if (pad) {
-        // Whole 128-byte rows: the swizzle permutes chunks within a row, so row r of a column
-        // block is bytes [r * 128, r * 128 + 128) whatever the swizzle.
+      if (inspect) {
         __syncwarp();
         mbar_wait(bar.v_raw, raw_phase);
         raw_phase ^= 1;
-        const int first = imax(pad_from, 0);
-        const int chunks = (Tr::kBlockN - first) * 8;  // 16-byte chunks per column block
+        const int keep = pad ? imax(pad_from, 0) : Tr::kBlockN;  // rows below are kept
         for (int c = 0; c < Tr::kColBlocks; ++c) {
-          Chunk16* base = reinterpret_cast<Chunk16*>(v_dst + c * Tr::kBlockN * kSwizzleRowBytes + first * kSwizzleRowBytes);
-          for (int x = lane; x < chunks; x += 32) base[x] = Chunk16{0, 0, 0, 0};
+          Chunk16* block = reinterpret_cast<Chunk16*>(v_dst + c * Tr::kBlockN * kSwizzleRowBytes);
+          // Whole 128-byte rows past kv_len: the swizzle permutes chunks within a row, so row r
+          // of a column block is chunks [8r, 8r + 8) whatever the swizzle.
+          for (int x = keep * 8 + lane; x < Tr::kBlockN * 8; x += 32) block[x] = Chunk16{0, 0, 0, 0};
+          for (int x = lane; x < keep * 8; x += 32) {
+            Chunk16 ch = block[x];
+            if (!nonfinite_chunk<T>(ch)) continue;
+            const int r = x / 8, chunk = (x % 8) ^ (r % 8);  // un-swizzle: the logical 16-byte chunk
+            const unsigned words[4] = {ch.x, ch.y, ch.z, ch.w};
+#pragma unroll
+            for (int k = 0; k < 8; ++k) {  // unrolled: `words` stays in registers
+              if (!nonfinite1<T>(static_cast<unsigned short>(words[k / 2] >> (16 * (k % 2))))) continue;
+              const int slot = atomicAdd(&ps->count, 1);
+              if (slot < Tr::kMaxPoison) ps->entry[slot] = (static_cast<unsigned>(r) << 16) | (c * 64 + chunk * 8 + k);
+              atomicOr(&ps->keys[r / 32], 1u << (r % 32));
+            }
+            zero_nonfinite_chunk<T>(ch);
+            block[x] = ch;
+          }
         }
         fence_proxy_async_smem();
         __syncwarp();
         if (lane == 0) mbar_arrive(bar.v_full + stage);
       }
+    }
+  }
+}
+
+// Marks NaN the output columns of this thread's rows that see a non-finite V value the producer
+// zeroed in the tile starting at key n0 (before that tile's P V; O is not in flight then).
+template <class Tr>
+EXLA_RS_SM90 void mark_poisoned(const Poison* ps, int n0, int lo0, int hi0, int lo1, int hi1, int quad_col,
+                                float (&o)[Tr::kHeadDim / 2]) {
+  const int count = ps->count;
+  if (count == 0) return;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int a = (h ? lo1 : lo0) - n0, b = (h ? hi1 : hi0) - n0;
+    if (count > Tr::kMaxPoison) {  // too many to list: every column of a row seeing a flagged key
+      bool sees = false;
+      for (int r = imax(a, 0); r < imin(b, Tr::kBlockN); ++r) sees |= (ps->keys[r / 32] >> (r % 32)) & 1u;
+      if (sees)
+#pragma unroll
+        for (int e = 0; e < Tr::kHeadDim / 2; ++e)
+          if ((e / 2) % 2 == h) o[e] = qnan();
+      continue;
+    }
+    for (int k = 0; k < count; ++k) {
+      const int r = static_cast<int>(ps->entry[k] >> 16), col = static_cast<int>(ps->entry[k] & 0xffffu);
+      if (r < a || r >= b) continue;
+#pragma unroll
+      for (int e = 0; e < Tr::kHeadDim / 2; ++e)
+        if ((e / 2) % 2 == h && (e / 4) * 8 + quad_col + (e % 2) == col) o[e] = qnan();
     }
   }
 }
@@ -226,6 +299,7 @@ struct ConsumerView {
   float cap_in, cap_out, scale_log2;
   int wg_lo_max, wg_hi_min, lo0, hi0, lo1, hi1;
   int first, count;
+  unsigned char* smem;
 };
 
 // One key tile of a consumer: S = Q K^T and (kPrev) the previous tile's O += P V, issued together
@@ -234,7 +308,7 @@ struct ConsumerView {
 // asynchronous products (a merge point there makes ptxas copy accumulators mid-flight).
 template <class T, class Tr, bool kPrev>
 EXLA_RS_SM90 void consumer_tile(const ConsumerView& cv, const FwdBarriers& bar, int i, int kv_iter, int& prev_stage,
-                                unsigned& prev_phase, float (&o)[Tr::kHeadDim / 2], unsigned (&pf)[Tr::kBlockN / 16][4],
+                                unsigned& prev_phase, int& prev_n0, float (&o)[Tr::kHeadDim / 2], unsigned (&pf)[Tr::kBlockN / 16][4],
                                 float (&m_run)[2], float (&l_run)[2]) {
   constexpr int BN = Tr::kBlockN;
   constexpr int kSAcc = BN / 2;
@@ -252,7 +326,10 @@ EXLA_RS_SM90 void consumer_tile(const ConsumerView& cv, const FwdBarriers& bar, 
       const unsigned k_stage = k_addr + stage * Tr::kKVBytes;
       float s[kSAcc];
       mbar_wait(bar.k_full + stage, phase);
-      if constexpr (kPrev) mbar_wait(bar.v_full + prev_stage, prev_phase);
+      if constexpr (kPrev) {
+        mbar_wait(bar.v_full + prev_stage, prev_phase);
+        mark_poisoned<Tr>(poison_of<Tr>(cv.smem, prev_stage), prev_n0, lo0, hi0, lo1, hi1, quad_col, o);
+      }
       named_sync(turn_mine, 256);
       wgmma_fence();
 #pragma unroll
@@ -330,6 +407,7 @@ EXLA_RS_SM90 void consumer_tile(const ConsumerView& cv, const FwdBarriers& bar, 
         for (int j = 0; j < 4; ++j) pf[kk][j] = T::pack2(s[8 * kk + 2 * j], s[8 * kk + 2 * j + 1]);
       prev_stage = stage;
       prev_phase = phase;
+      prev_n0 = n0;
 }
 
 template <class T, class Tr>
@@ -388,15 +466,16 @@ EXLA_RS_SM90 void fwd_consumer(const FwdParams& p, unsigned char* smem, const Fw
       mbar_wait(bar.q_full, q_iter & 1);
       ++q_iter;
       unsigned pf[kPSteps][4];
-      int prev_stage = 0;
+      int prev_stage = 0, prev_n0 = 0;
       unsigned prev_phase = 0;
       const ConsumerView cv{q_addr,     k_addr,     v_addr,    turn_mine, turn_other, lane,     quad_col,
                             softcap,    cap_in,     cap_out,   scale_log2, wg_lo_max, wg_hi_min, lo0,
-                            hi0,        lo1,        hi1,       kb.first,  kb.count};
-      consumer_tile<T, Tr, false>(cv, bar, 0, kv_iter++, prev_stage, prev_phase, o, pf, m_run, l_run);
+                            hi0,        lo1,        hi1,       kb.first,  kb.count,  smem};
+      consumer_tile<T, Tr, false>(cv, bar, 0, kv_iter++, prev_stage, prev_phase, prev_n0, o, pf, m_run, l_run);
       for (int i = 1; i < kb.count; ++i, ++kv_iter)
-        consumer_tile<T, Tr, true>(cv, bar, i, kv_iter, prev_stage, prev_phase, o, pf, m_run, l_run);
+        consumer_tile<T, Tr, true>(cv, bar, i, kv_iter, prev_stage, prev_phase, prev_n0, o, pf, m_run, l_run);
       mbar_wait(bar.v_full + prev_stage, prev_phase);
+      mark_poisoned<Tr>(poison_of<Tr>(smem, prev_stage), prev_n0, lo0, hi0, lo1, hi1, quad_col, o);
       named_sync(turn_mine, 256);
       wgmma_fence();
       const unsigned v_stage = v_addr + prev_stage * Tr::kKVBytes;

@@ -104,11 +104,15 @@ pub fn fwd_tiles(d: usize) -> Sm90FwdTiles {
     Sm90FwdTiles { block_m: 128, block_n: if d <= 128 { 128 } else { 64 }, stages: if d <= 64 { 3 } else { 2 }, threads: 384 }
 }
 
-/// `FwdTraits<D>::kSmemBytes`: Q, the K and V stages, the mbarriers, 1 KiB to align the atoms.
+/// Bytes of one stage's list of non-finite V values (`sm90::Poison`).
+const POISON_BYTES: usize = 160;
+
+/// `FwdTraits<D>::kSmemBytes`: Q, the K and V stages, the mbarriers, the per-stage lists of
+/// non-finite V values, 1 KiB to align the atoms.
 pub fn fwd_smem_bytes(d: usize) -> u32 {
     let t = fwd_tiles(d);
     let barriers = 3 + 4 * t.stages;
-    (t.block_m * d * 2 + 2 * t.stages * t.block_n * d * 2 + barriers * 8 + 1024) as u32
+    (t.block_m * d * 2 + 2 * t.stages * t.block_n * d * 2 + barriers * 8 + t.stages * POISON_BYTES + 1024) as u32
 }
 
 /// Persistent grid: one block per SM (each takes all of an SM's shared memory and 384 threads),
@@ -299,9 +303,9 @@ mod tests {
         for d in SM90_HEAD_DIMS {
             assert!(fwd_smem_bytes(d) <= 227 * 1024, "d{d}: {}", fwd_smem_bytes(d));
         }
-        assert_eq!(fwd_smem_bytes(128), 128 * 128 * 2 + 2 * 2 * 128 * 128 * 2 + 11 * 8 + 1024);
-        assert_eq!(fwd_smem_bytes(64), 128 * 64 * 2 + 2 * 3 * 128 * 64 * 2 + 15 * 8 + 1024);
-        assert_eq!(fwd_smem_bytes(256), 128 * 256 * 2 + 2 * 2 * 64 * 256 * 2 + 11 * 8 + 1024);
+        assert_eq!(fwd_smem_bytes(128), 128 * 128 * 2 + 2 * 2 * 128 * 128 * 2 + 11 * 8 + 2 * 160 + 1024);
+        assert_eq!(fwd_smem_bytes(64), 128 * 64 * 2 + 2 * 3 * 128 * 64 * 2 + 15 * 8 + 3 * 160 + 1024);
+        assert_eq!(fwd_smem_bytes(256), 128 * 256 * 2 + 2 * 2 * 64 * 256 * 2 + 11 * 8 + 2 * 160 + 1024);
         // The kernel's traits say the same (the source is embedded, flattened).
         let src = crate::embedded::find("sm90_fwd_bf16_d128").unwrap().source;
         for needle in [
@@ -310,7 +314,9 @@ mod tests {
             "kRowsPerConsumer = 64",
             "kConsumers = 2",
             "kBarriers = 3 + 4 * kStages",
-            "kBarriers * 8 + 1024",
+            "kPoisonOffset = kBarOffset + kBarriers * 8",
+            "kSmemBytes = kPoisonOffset + kStages * kPoisonBytes + 1024",
+            "kPoisonBytes = 160",
         ] {
             assert!(src.contains(needle), "FwdTraits changed ({needle}): update sm90.rs");
         }
