@@ -153,7 +153,11 @@ EXTRAS_CONFIGS = {
     "ALiBi": ({"alibi": True}, False),
     "ALiBi causal": ({"alibi": True, "causal": True}, False),
     "bias {1,H,S,S}": ({"bias": True}, False),
+    "dropout 0.1": ({"dropout": 0.1}, False),
+    "dropout 0.1 causal": ({"dropout": 0.1, "causal": True}, False),
 }
+DROPOUT_ONLY = ("dropout 0.1", "dropout 0.1 causal")
+DROPOUT_CONFIGS = ("kv_len only", "dropout 0.1", "causal", "dropout 0.1 causal")
 
 
 def build_extras(name: str, pass_: str, s: int, seed: int):
@@ -178,6 +182,10 @@ def build_extras(name: str, pass_: str, s: int, seed: int):
     if spec.get("alibi"):
         kw["alibi_slopes"] = jnp.asarray((2.0 ** (-8.0 * (np.arange(H) + 1) / H)).astype(np.float32))
     use_bias = spec.get("bias", False)
+    if spec.get("dropout"):
+        # A fresh key per run (never all zero), as Nx.Random.key/1 would give.
+        kw["dropout_key"] = jnp.asarray(np.random.default_rng(seed + 2).integers(1, 2**32, 2, dtype=np.uint64).astype(np.uint32))
+        kw["dropout_rate"] = spec["dropout"]
 
     def fwd(q, k, v, do, bias):
         extra = dict(kw, bias=bias) if use_bias else kw
@@ -232,8 +240,10 @@ def run_extras(args) -> None:
     previous library (the configurations it has) in alternating child processes."""
     s = EXTRAS_S if not args.quick else 512
     seed = args.seed
-    new_keys = [f"{n}|{p}" for n in EXTRAS_CONFIGS for p in ("fwd", "fwd+bwd")] + ["bias read"]
-    old_keys = [f"{n}|{p}" for n, (_, old) in EXTRAS_CONFIGS.items() if old for p in ("fwd", "fwd+bwd")]
+    # --dropout: only dropout beside its two references, in its own section (issue 11).
+    names = list(DROPOUT_CONFIGS) if args.dropout else [n for n in EXTRAS_CONFIGS if n not in DROPOUT_ONLY]
+    new_keys = [f"{n}|{p}" for n in names for p in ("fwd", "fwd+bwd")] + ([] if args.dropout else ["bias read"])
+    old_keys = [f"{n}|{p}" for n in names if EXTRAS_CONFIGS[n][1] for p in ("fwd", "fwd+bwd")]
     new_lib = str(Path(os.environ.get("EXLA_RS_XLA_LIB", ROOT / "native/exla_rs/target/release/libexla_rs_xla.so")))
     best: dict = {}
     for rnd in range(args.rounds):
@@ -260,10 +270,11 @@ def run_extras(args) -> None:
 
     bias_mib = H * s * s * 4 / 2**20
     read = get("new", "bias read")
+    title = "## Host (CPU): dropout (issue 11)" if args.dropout else "## Host (CPU): key mask, bias, ALiBi (issue 10)"
     lines = [
-        "## Host (CPU): key mask, bias, ALiBi (issue 10)",
+        title,
         "",
-        f"Run 2026-11-23 by `bench/bench_host.py --extras{' --old-lib ...' if args.old_lib else ''}` (seed {seed}). Machine: {machine()}.",
+        f"Run {time.strftime('%Y-%m-%d')} by `bench/bench_host.py --extras{' --dropout' if args.dropout else ''}{' --old-lib ...' if args.old_lib else ''}` (seed {seed}). Machine: {machine()}.",
         f"S={s}, B=1, H=8, D=64, f32, self-attention, q_start = 0. Each configuration calls the targets directly under `jax.jit`",
         "(\"fwd+bwd\" = the forward then the backward, with `dbias` when there is a bias). All configurations of one library",
         "run round-robin in one process (every rep times each in turn), and the processes of the new and the old",
@@ -276,15 +287,16 @@ def run_extras(args) -> None:
         "| configuration | pass | wall ms | CPU ms | vs kv_len only (wall / CPU) | old library wall ms | old CPU ms | new / old (wall / CPU) |",
         "|---|---|---:|---:|---:|---:|---:|---:|",
     ]
-    for name in EXTRAS_CONFIGS:
+    for name in names:
         for p in ("fwd", "fwd+bwd"):
             key = f"{name}|{p}"
             new = get("new", key)
             base = get("new", f"kv_len only|{p}")
             old = get("old", key)
-            ref = get("new", f"causal|{p}") if name == "ALiBi causal" else get("new", f"kv_len 3/4|{p}") if name in ("key_mask right 3/4", "key_mask left 1/4") else base
+            vs_causal = name in ("ALiBi causal", "dropout 0.1 causal")
+            ref = get("new", f"causal|{p}") if vs_causal else get("new", f"kv_len 3/4|{p}") if name in ("key_mask right 3/4", "key_mask left 1/4") else base
             ratio = f"{(new[0] / ref[0] - 1) * 100:+.1f}% / {(new[2] / ref[2] - 1) * 100:+.1f}%" + (
-                " (vs causal)" if name == "ALiBi causal" else " (vs kv_len 3/4)" if ref is not base else ""
+                " (vs causal)" if vs_causal else " (vs kv_len 3/4)" if ref is not base else ""
             )
             lines.append(
                 f"| {name} | {p} | {new[0]:.1f} ({new[1]:.1f}) | {new[2]:.1f} | {ratio if name != 'kv_len only' else '—'} | "
@@ -305,7 +317,7 @@ def run_extras(args) -> None:
     if not (args.quick or args.no_write):
         path = ROOT / "bench/RESULTS.md"
         text = path.read_text()
-        pat = re.compile(r"^## Host \(CPU\): key mask, bias, ALiBi.*?(?=^## |\Z)", re.S | re.M)
+        pat = re.compile("^" + re.escape(title) + r".*?(?=^## |\Z)", re.S | re.M)
         text = pat.sub(lambda _: section, text) if pat.search(text) else text.rstrip("\n") + "\n\n" + section
         path.write_text(text)
 
@@ -355,6 +367,7 @@ def main() -> None:
     ap.add_argument("--sizes", default="1024,2048,4096")
     ap.add_argument("--no-write", action="store_true")
     ap.add_argument("--extras", action="store_true", help="key_mask / bias / ALiBi vs kv_len only at S=2048 (own RESULTS.md section)")
+    ap.add_argument("--dropout", action="store_true", help="with --extras: dropout 0.1 vs none at S=2048 (own RESULTS.md section)")
     ap.add_argument("--old-lib", help="a libexla_rs_xla.so of the previous code, timed alternately with the current one (--extras)")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--configs", default="")

@@ -264,3 +264,241 @@ def test_windows_near_i64_max_are_unbounded(wl, wr):
     want = ex.flash_attn_fwd(q_, k_, v_, kvg, qsg, scale=0.125, window_left=unb(wl), window_right=unb(wr), platform=PLATFORM)
     for g_, w_ in zip(got, want):
         assert np.array_equal(np.asarray(g_).astype(np.float32), np.asarray(w_).astype(np.float32))
+
+
+# ---------------------------------------------------------------------------------------------
+# Issues 10 and 11 on CUDA: key_mask, bias (with dbias), ALiBi and dropout, each alone and with
+# the older options, against float64. A feature whose bit `exla_rs_flash_attn_features` leaves
+# clear must answer UNIMPLEMENTED instead (then the Elixir layer runs the Nx fallback).
+# ---------------------------------------------------------------------------------------------
+import philox_ref
+from cases import BIAS_PATTERNS, Extra, make_extras
+from test_host_extras import reference_grads, summed_rows
+
+FEATURE = {"key_mask": 1, "bias": 2, "alibi_slopes": 4, "bias_grad": 8, "dropout": 16}
+
+
+def platform_features() -> int:
+    return ex.load(PLATFORM).exla_rs_flash_attn_features(ex.PLATFORM_CODES[PLATFORM])
+
+
+def missing_features(names) -> list:
+    have = platform_features()
+    return [n for n in names if not have & FEATURE[n]]
+
+
+def expect_unimplemented(fn, missing):
+    with pytest.raises(Exception, match="|".join(missing)) as info:
+        jax.block_until_ready(fn())
+    msg = str(info.value)
+    assert "UNIMPLEMENTED" in msg or "Unimplemented" in msg or "not supported" in msg, msg
+
+
+def on_gpu_dict(ext):
+    return {n: jax.device_put(a, GPU) for n, a in ext.items()}
+
+
+BY_NAME_CUDA = {c.name: c for c in CUDA_CASES}
+# The older options with CUDA head dims: causal, windows, kv_len (fully masked batch rows),
+# q_start (negative, random), GQA, softcap, Sq != Sk, odd sizes, several key tiles.
+OLD_CUDA = ["plain", "causal_odd", "causal_sq_lt_sk", "decode_step", "sliding_causal", "kv_padding_fully_masked", "q_start_negative", "gqa",
+            "everything", "softcap_d96", "window_both_d192", "d128_ragged"]
+NEW_CUDA = {
+    "mask": lambda n: Extra(key_mask="left_pad", mask_dtype=n % 4),
+    "bias": lambda n: Extra(bias="1HQK", bias_f32=n % 2 == 1),
+    "alibi": lambda n: Extra(alibi=True),
+}
+EXTRA_PARAMS = [pytest.param(BY_NAME_CUDA[o], NEW_CUDA[k](n), dt, id=f"{k}-{o}-{dt}") for n, o in enumerate(OLD_CUDA) for k in NEW_CUDA for dt in DTYPES]
+# Every bias broadcast pattern (and {B,1,1,Sk}) with its gradient, across several key tiles.
+LONG_CUDA = Case("long", 2, 70, 131, 4, 2, 32)
+DBIAS_PATTERNS = tuple(BIAS_PATTERNS) + ("B11K",)
+EXTRA_PARAMS += [pytest.param(LONG_CUDA, Extra(bias=p, bias_f32=n % 2 == 0), dt, id=f"bias_{p}-{dt}") for n, p in enumerate(DBIAS_PATTERNS) for dt in DTYPES]
+EXTRA_PARAMS += [pytest.param(BY_NAME_CUDA["gqa"], Extra(bias=p), "f32", id=f"bias_{p}-gqa-f32") for p in DBIAS_PATTERNS]
+SPECIAL_CUDA = [
+    ("mask_all_masked_row", LONG_CUDA, Extra(key_mask="all_masked", mask_dtype=0)),
+    ("mask_holes_causal", BY_NAME_CUDA["causal_odd"], Extra(key_mask="holes", mask_dtype=2)),
+    ("mask_left_pad_long_window", Case("lp_win", 2, 150, 200, 2, 1, 64, causal=True, window_size=(70, 0)), Extra(key_mask="left_pad", mask_dtype=1)),
+    ("mask_left_pad_tiles_d128", Case("lp_tiles", 2, 200, 330, 4, 2, 128, q_start="zero"), Extra(key_mask="left_pad", mask_dtype=0)),
+    ("bias_neginf_rows", LONG_CUDA, Extra(bias="1HQK", bias_neg_inf=True)),
+    ("bias_neginf_full_softcap", BY_NAME_CUDA["softcap_d96"], Extra(bias="BHQK", bias_neg_inf=True)),
+    ("alibi_long_causal", Case("alibi_long", 1, 129, 300, 4, 1, 64, causal=True, q_start="random"), Extra(alibi=True)),
+    ("all_three", BY_NAME_CUDA["everything"], Extra(key_mask="left_pad", bias="B1QK", alibi=True, mask_dtype=3)),
+    ("all_three_neginf", LONG_CUDA, Extra(key_mask="holes", bias="1HQK", bias_neg_inf=True, alibi=True, bias_f32=True)),
+    ("all_three_d256", BY_NAME_CUDA["softcap_gqa_d256"], Extra(key_mask="all_masked", bias="11QK", alibi=True)),
+]
+EXTRA_PARAMS += [pytest.param(c, e, dt, id=f"{name}-{dt}") for name, c, e in SPECIAL_CUDA for dt in DTYPES]
+
+
+def extras_needed(ext, bias_grad):
+    names = [n for n in ("key_mask", "bias", "alibi_slopes") if n in ext]
+    return names + (["bias_grad"] if bias_grad else [])
+
+
+def check_forward(x, dt, o, lse, ref_o, ref_lse, ctx):
+    """o/lse against the float64 reference; fully masked rows exactly o = 0, lse = -inf."""
+    tol = TOL[dt]
+    o, lse = np.asarray(o), np.asarray(lse)
+    assert o.dtype == x.q.dtype and o.shape == x.q.shape, ctx
+    assert not np.isnan(o.astype(np.float32)).any() and not np.isnan(lse).any(), f"unwritten or NaN output ({ctx})"
+    err = rel_err(o, ref_o)
+    assert err <= tol, f"o rel err {err:.2e} > {tol} ({ctx})"
+    assert np.array_equal(np.isneginf(lse), np.isneginf(ref_lse)), f"fully masked rows differ ({ctx})"
+    masked = np.isneginf(ref_lse).transpose(0, 2, 1)  # [B, Sq, H]
+    assert np.all(o.astype(np.float32)[masked] == 0), ctx
+    fin = np.isfinite(ref_lse)
+    lse_tol = 1e-4 if dt == "f32" else tol
+    assert np.max(np.abs(lse[fin] - ref_lse[fin]), initial=0) <= lse_tol * max(1.0, np.abs(ref_lse[fin]).max(initial=1)), ctx
+    return masked
+
+
+def check_dbias(got, ref, ext, shape, bar, ctx):
+    got = np.asarray(got)
+    assert got.dtype == ext["bias"].dtype and got.shape == ext["bias"].shape, ctx
+    assert np.isfinite(got.astype(np.float32)).all(), f"dbias: unwritten or non-finite ({ctx})"
+    ref = np.asarray(ref, np.float64)
+    if got.shape[3] == 1:
+        # sum_j dZ = 0 analytically: judged absolutely against the rows summed (as on the Host).
+        floor = 1.0 * summed_rows(ext, shape)
+        err = float(np.max(np.abs(got.astype(np.float64) - ref))) / max(floor, float(np.max(np.abs(ref))))
+    else:
+        err = rel_err(got, ref)
+    assert err <= bar, f"dbias rel err {err:.2e} > {bar} ({ctx})"
+
+
+@pytest.mark.parametrize("case,extra,dt", EXTRA_PARAMS)
+def test_extras_forward_and_backward_match_float64(case, extra, dt):
+    x = make(case, DTYPES[dt], seed())
+    ext = make_extras(x, extra, DTYPES[dt])
+    ctx = f"seed={x.seed} {extra.name()}"
+    gext = on_gpu_dict(ext)
+    q, k, v, kv, qs, do = on_gpu(x.q, x.k, x.v, x.kv_len, x.q_start, x.do)
+    want_db = "bias" in ext
+    missing = missing_features(extras_needed(ext, False))
+    if missing:
+        expect_unimplemented(lambda: ex.flash_attn_fwd(q, k, v, kv, qs, platform=PLATFORM, **x.kw, **gext), missing)
+        return
+    poison((x.q.shape, x.q.dtype), ((case.b, case.h, case.sq), np.float32))
+    o, lse = ex.flash_attn_fwd(q, k, v, kv, qs, platform=PLATFORM, **x.kw, **gext)
+    ref_o, ref_lse = ex.reference_fwd(x.q, x.k, x.v, x.kv_len, x.q_start, **x.kw, **ext)
+    masked = check_forward(x, dt, o, lse, ref_o, ref_lse, ctx)
+    if extra.key_mask == "all_masked" or extra.bias_neg_inf:
+        assert masked.any(), f"the case should have fully masked rows ({ctx})"
+
+    missing = missing_features(extras_needed(ext, want_db))
+    if missing:
+        expect_unimplemented(lambda: ex.flash_attn_bwd(q, k, v, kv, qs, o, lse, do, platform=PLATFORM, **x.kw, **gext, bias_grad=want_db), missing)
+        return
+    shapes = [(x.q.shape, x.q.dtype), (x.k.shape, x.k.dtype), (x.v.shape, x.v.dtype)] + ([(ext["bias"].shape, ext["bias"].dtype)] if want_db else [])
+    poison(*shapes)
+    grads = ex.flash_attn_bwd(q, k, v, kv, qs, o, lse, do, platform=PLATFORM, **x.kw, **gext, bias_grad=want_db)
+    refs = reference_grads(x, ext)
+    for name, got, ref, like in zip(("dq", "dk", "dv"), grads, refs, (x.q, x.k, x.v)):
+        got = np.asarray(got)
+        assert got.dtype == like.dtype and got.shape == like.shape, f"{name} {ctx}"
+        assert np.isfinite(got.astype(np.float32)).all(), f"{name}: unwritten or non-finite ({ctx})"
+        err = rel_err(got, ref)
+        assert err <= TOL[dt], f"{name} rel err {err:.2e} > {TOL[dt]} ({ctx})"
+    assert np.all(np.asarray(grads[0]).astype(np.float32)[masked] == 0), f"dq of fully masked rows ({ctx})"
+    if want_db:
+        check_dbias(grads[3], refs[3], ext, x.q.shape, 2 * TOL[dt], ctx)
+        if extra.bias_neg_inf:
+            db = np.asarray(grads[3]).astype(np.float32)
+            assert np.all(db[np.isneginf(ext["bias"].astype(np.float32))] == 0), f"dbias at -inf entries ({ctx})"
+
+
+# ---------------------------------------------------------------------------------------------
+# Dropout (issue 11): the CUDA kernels draw the contract's Philox mask bit for bit
+# ---------------------------------------------------------------------------------------------
+
+import philox_ref  # noqa: E402
+from test_dropout import CONFIGS as DROPOUT_CONFIGS, reference as dropout_reference  # noqa: E402
+
+DROPOUT_DTYPES = [np.float32, jnp.float16, jnp.bfloat16]
+
+
+def observed_dropout_mask(dt, key, rate, b, s, h, hkv):
+    """M·s [B, H, Sq, Sk] as the kernel applies it: q = 0 (uniform softmax, lse = log Sk) and V the
+    identity over keys (D = Sk), so o[b, i, h, j] = M·s / Sk exactly up to one rounding."""
+    rng = np.random.default_rng(seed())
+    q = np.zeros((b, s, h, s), dt)
+    k = rng.standard_normal((b, s, hkv, s)).astype(dt)
+    v = np.broadcast_to(np.eye(s, dtype=np.float32)[None, :, None, :], (b, s, hkv, s)).astype(dt)
+    kv, qs = np.full((b,), s, np.int32), np.zeros((b,), np.int32)
+    poison(((b, s, h, s), dt), ((b, h, s), np.float32))
+    gq, gk, gv, gkv, gqs, gkey = on_gpu(q, k, v, kv, qs, np.asarray(key, np.uint32))
+    o, lse = ex.flash_attn_fwd(gq, gk, gv, gkv, gqs, scale=1.0, platform=PLATFORM, dropout_key=gkey, dropout_rate=rate)
+    np.testing.assert_allclose(np.asarray(lse), np.log(s), rtol=1e-6)
+    return np.asarray(o, np.float64).transpose(0, 2, 1, 3) * s
+
+
+@pytest.mark.parametrize("dt", DROPOUT_DTYPES, ids=["f32", "f16", "bf16"])
+@pytest.mark.parametrize("rate", [0.1, 0.5, 0.9])
+@pytest.mark.parametrize("s", [64, 128])
+def test_dropout_mask_is_bit_identical_to_the_reference(s, rate, dt):
+    if missing_features(["dropout"]):
+        pytest.skip("this platform does not report the dropout feature")
+    key = (0x243F6A88, 0x85A308D3)
+    b, h, hkv = 2, 4, 2
+    ms = observed_dropout_mask(dt, key, rate, b, s, h, hkv)
+    want = philox_ref.mask(key, rate, (b, h, s, s))
+    kept = ms > 0
+    np.testing.assert_array_equal(kept, want)
+    # 16-bit outputs round scale/Sk to 8 (bf16) or 11 (f16) bits.
+    tol = {np.float32: 1e-6, jnp.float16: 1e-3, jnp.bfloat16: 8e-3}[dt]
+    np.testing.assert_allclose(ms[kept], float(philox_ref.keep_scale(rate)), rtol=tol)
+
+
+def test_dropout_statistics_on_the_device():
+    if missing_features(["dropout"]):
+        pytest.skip("this platform does not report the dropout feature")
+    rate, b, s, h = 0.3, 1, 256, 4
+    m1 = observed_dropout_mask(np.float32, (7, 11), rate, b, s, h, h) > 0
+    p = 1 - philox_ref.threshold(rate) / 2**32
+    assert abs(m1.mean() - p) < 4 * np.sqrt(p * (1 - p) / m1.size), (m1.mean(), p)
+    np.testing.assert_array_equal(m1, observed_dropout_mask(np.float32, (7, 11), rate, b, s, h, h) > 0)
+    assert (m1 != (observed_dropout_mask(np.float32, (7, 12), rate, b, s, h, h) > 0)).mean() > 0.3
+    for hh in range(h - 1):
+        assert (m1[:, hh] != m1[:, hh + 1]).mean() > 0.3
+
+
+@pytest.mark.parametrize("dt", DROPOUT_DTYPES, ids=["f32", "f16", "bf16"])
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("name", list(DROPOUT_CONFIGS))
+def test_dropout_forward_backward_match_float64(name, d, dt):
+    """Forward and backward with dropout (and the other options) against a float64 reference that
+    applies philox_ref's mask; the mask of the kernels is the reference's (bit identity above)."""
+    need = ["dropout"] + [f for f in ("key_mask", "bias", "alibi_slopes") if DROPOUT_CONFIGS[name].get(f.split("_slopes")[0])]
+    if missing_features(need):
+        pytest.skip(f"this platform lacks {missing_features(need)}")
+    c = DROPOUT_CONFIGS[name]
+    rng = np.random.default_rng(seed())
+    b, sq, sk, h = 2, 77, 93, 4
+    hkv = c.get("hkv", h)
+    rate = 0.2
+    key = rng.integers(1, 2**32, 2, dtype=np.uint64).astype(np.uint32)
+    q, k, v, do = (rng.standard_normal(sh).astype(np.float32) for sh in ((b, sq, h, d), (b, sk, hkv, d), (b, sk, hkv, d), (b, sq, h, d)))
+    q, k, v, do = (x.astype(dt) for x in (q, k, v, do))
+    kv = np.array([c.get("kv_len", sk), sk - 5], np.int32)
+    qs = np.full((b,), c.get("q_start", 0), np.int32)
+    km = (rng.random((b, sk)) > 0.3).astype(np.uint8) if c.get("key_mask") else None
+    bias = rng.standard_normal((1, h, sq, sk)).astype(np.float32) if c.get("bias") else None
+    slopes = (2.0 ** (-8.0 * (np.arange(h) + 1) / h)).astype(np.float32) if c.get("alibi") else None
+    opt = dict(scale=1.0 / np.sqrt(d), softcap=c.get("softcap", 0.0), window_left=c.get("wl", -1), window_right=c.get("wr", -1))
+    ext = {n: x for n, x in (("key_mask", km), ("bias", bias), ("alibi_slopes", slopes)) if x is not None}
+    g = on_gpu(q, k, v, kv, qs, do, key)
+    gext = on_gpu_dict(ext)
+    o, lse = ex.flash_attn_fwd(*g[:5], platform=PLATFORM, **opt, **gext, dropout_key=g[6], dropout_rate=rate)
+    grads = ex.flash_attn_bwd(*g[:5], o, lse, g[5], platform=PLATFORM, **opt, **gext, bias_grad=bias is not None, dropout_key=g[6], dropout_rate=rate)
+    ms = philox_ref.mask(tuple(int(x) for x in key), rate, (b, h, sq, sk)) * float(philox_ref.keep_scale(rate))
+    want = dropout_reference(q, k, v, kv, qs, do, ms, scale=opt["scale"], softcap=opt["softcap"], wl=opt["window_left"], wr=opt["window_right"],
+                             key_mask=km, bias=bias, slopes=slopes)
+    bar = {np.float32: 1e-4, jnp.float16: 1e-2, jnp.bfloat16: 5e-2}[dt]
+    got = [o, lse] + list(grads)
+    for what, x, y in zip(["o", "lse", "dq", "dk", "dv", "dbias"], got, want):
+        if y is None:
+            continue
+        x = np.asarray(x, np.float64)
+        fin = np.isfinite(y)
+        np.testing.assert_array_equal(np.isfinite(x), fin, err_msg=f"{name} {what}: non-finite entries differ")
+        err = np.max(np.abs(x[fin] - y[fin])) / max(np.max(np.abs(y[fin])), 1e-2) if fin.any() else 0.0
+        assert err < bar, f"{name} d={d} {dt}: {what} relative error {err:.2e} >= {bar}"

@@ -77,32 +77,36 @@ def _workspace_result(pass_, platform, q, k, dbias_shape=None):
     return [jax.ShapeDtypeStruct((n,), jnp.uint8)] if n > 0 else []
 
 
-def _extras(key_mask, bias, alibi_slopes):
+def _extras(key_mask, bias, alibi_slopes, dropout_key=None, dropout_rate=0.0):
     """The optional operands in the contract's fixed order and the presence attributes (pred,
-    i.e. Python bools) that announce them; absent ones are left out entirely."""
+    i.e. Python bools) that announce them; absent ones are left out entirely. Dropout (rate > 0)
+    adds the u32[2] key last and the f32 rate attribute."""
     args, attrs = [], {}
     for name, x in (("has_key_mask", key_mask), ("has_bias", bias), ("has_alibi", alibi_slopes)):
         if x is not None:
             args.append(x)
             attrs[name] = True
+    if dropout_rate > 0:
+        args.append(dropout_key)
+        attrs.update(has_dropout=True, dropout_rate=np.float32(dropout_rate))
     return args, attrs
 
 
 def flash_attn_fwd(q, k, v, kv_len, q_start, *, scale, softcap=0.0, window_left=-1, window_right=-1, platform="cpu",
-                   key_mask=None, bias=None, alibi_slopes=None):
+                   key_mask=None, bias=None, alibi_slopes=None, dropout_key=None, dropout_rate=0.0):
     """Returns (o, lse) from the forward target. key_mask [B, Sk] (any integer/bool type, nonzero =
     visible), bias rank 4 broadcastable to [B, H, Sq, Sk] (f32/f16/bf16), alibi_slopes f32[H]."""
     load(platform)
     b, sq, h, _ = q.shape
     outs = [jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct((b, h, sq), jnp.float32)]
     outs += _workspace_result(0, platform, q, k)
-    extra, flags = _extras(key_mask, bias, alibi_slopes)
+    extra, flags = _extras(key_mask, bias, alibi_slopes, dropout_key, dropout_rate)
     res = jax.ffi.ffi_call(FWD, outs)(q, k, v, kv_len, q_start, *extra, **_attrs(scale, softcap, window_left, window_right), **flags)
     return res[0], res[1]
 
 
 def flash_attn_bwd(q, k, v, kv_len, q_start, o, lse, do, *, scale, softcap=0.0, window_left=-1, window_right=-1, platform="cpu",
-                   key_mask=None, bias=None, alibi_slopes=None, bias_grad=False):
+                   key_mask=None, bias=None, alibi_slopes=None, bias_grad=False, dropout_key=None, dropout_rate=0.0):
     """Returns (dq, dk, dv) from the backward target, plus dbias (shaped and typed like bias)
     when bias_grad."""
     load(platform)
@@ -110,7 +114,7 @@ def flash_attn_bwd(q, k, v, kv_len, q_start, o, lse, do, *, scale, softcap=0.0, 
     if bias_grad:
         outs.append(jax.ShapeDtypeStruct(bias.shape, bias.dtype))
     outs += _workspace_result(1, platform, q, k, dbias_shape=bias.shape if bias_grad else None)
-    extra, flags = _extras(key_mask, bias, alibi_slopes)
+    extra, flags = _extras(key_mask, bias, alibi_slopes, dropout_key, dropout_rate)
     if bias_grad:
         flags["bias_grad"] = True
     res = jax.ffi.ffi_call(BWD, outs)(q, k, v, kv_len, q_start, o, lse, do, *extra, **_attrs(scale, softcap, window_left, window_right), **flags)

@@ -12,7 +12,7 @@ use std::sync::Mutex;
 
 use rayon::prelude::*;
 
-use super::dropout::{keep_row_fn, NO_DROPOUT};
+use super::dropout::{keep_row_fn, NO_DROPOUT, STORE};
 use super::extra::{prefetch_span, Prep};
 use super::forward::{BC, BR};
 use super::kernels::{Gemm, Isa, LOG2_E, NO_EXT, PAD};
@@ -134,7 +134,7 @@ fn run_impl<T: HostElement, K: Isa, const EXT: bool, const DROP: bool>(shape: &A
     let prep = if EXT { Prep::new(shape, ex) } else { Prep::new(shape, &Extras::default()) };
     let prep = &prep;
     let dropout = ex.dropout.unwrap_or(NO_DROPOUT);
-    let keep_row = keep_row_fn(K::SCALAR);
+    let keep_row = keep_row_fn::<STORE>(K::SCALAR);
     let acc = match (dbias_ptr, ex.bias) {
         (Some(ptr), Some(bias)) => {
             let dims = bias.dims;

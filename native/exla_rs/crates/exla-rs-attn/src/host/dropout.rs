@@ -14,20 +14,28 @@ use crate::philox::{dropout_draws4, Dropout};
 /// dropout do not look at it).
 pub(crate) const NO_DROPOUT: Dropout = Dropout { key: [0, 0], rate: 0.0, threshold: 0, scale: 1.0 };
 
-/// Writes the keep scale of keys `j0 .. j0 + n` of row `(b, h, i)` to `out[0..n]`.
-/// `j0` and `n` are multiples of 4 (tiles start on key quads and are padded to whole quads).
+/// Writes the keep scale of keys `j0 .. j0 + n` of row `(b, h, i)` to `out[0..n]` (the `STORE`
+/// instances), or multiplies `out[0..n]` by it in place (the `MUL` instances: the forward scales
+/// its probability row without a scratch pass). `j0` and `n` are multiples of 4 (tiles start on
+/// key quads and are padded to whole quads).
 pub(crate) type KeepRowFn = unsafe fn(out: *mut f32, d: &Dropout, b: u32, h: u32, i: u32, j0: usize, n: usize);
+
+/// What a generator does with the keep scales.
+pub(crate) const STORE: bool = false;
+pub(crate) const MUL: bool = true;
 
 /// The scalar generator: one Philox call per key quad.
 ///
 /// # Safety
 /// `out` holds `n` floats.
-pub(crate) unsafe fn keep_row_scalar(out: *mut f32, d: &Dropout, b: u32, h: u32, i: u32, j0: usize, n: usize) {
+pub(crate) unsafe fn keep_row_scalar<const MULTIPLY: bool>(out: *mut f32, d: &Dropout, b: u32, h: u32, i: u32, j0: usize, n: usize) {
     debug_assert!(j0 % 4 == 0 && n % 4 == 0);
     for q in 0..n / 4 {
         let x = dropout_draws4(d.key, b, h, i, ((j0 >> 2) + q) as u32);
         for (w, &draw) in x.iter().enumerate() {
-            *out.add(4 * q + w) = if draw >= d.threshold { d.scale } else { 0.0 };
+            let k = if draw >= d.threshold { d.scale } else { 0.0 };
+            let o = out.add(4 * q + w);
+            *o = if MULTIPLY { *o * k } else { k };
         }
     }
 }
@@ -105,12 +113,16 @@ pub(crate) mod avx2 {
     /// # Safety
     /// `out` holds `n` floats; the CPU has AVX2.
     #[target_feature(enable = "avx2")]
-    pub(crate) unsafe fn keep_row(out: *mut f32, d: &Dropout, b: u32, h: u32, i: u32, j0: usize, n: usize) {
+    pub(crate) unsafe fn keep_row<const MULTIPLY: bool>(out: *mut f32, d: &Dropout, b: u32, h: u32, i: u32, j0: usize, n: usize) {
         debug_assert!(j0 % 4 == 0 && n % 4 == 0);
         // keep iff draw >= T, unsigned: max(draw, T) == draw.
         let t = _mm256_set1_epi32(d.threshold as i32);
         let scale = _mm256_set1_ps(d.scale);
         let keep = |x: __m256i| _mm256_and_ps(_mm256_castsi256_ps(_mm256_cmpeq_epi32(_mm256_max_epu32(x, t), x)), scale);
+        let put = |o: *mut f32, k: __m256| {
+            let v = if MULTIPLY { _mm256_mul_ps(_mm256_loadu_ps(o), k) } else { k };
+            _mm256_storeu_ps(o, v)
+        };
         let mut c = 0;
         while c + 32 <= n {
             let [x0, x1, x2, x3] = philox8(d.key, b, h, i, ((j0 + c) >> 2) as u32);
@@ -125,27 +137,27 @@ pub(crate) mod avx2 {
             let u2 = _mm256_unpacklo_epi64(t1, t3); // keys 8-11 | 24-27
             let u3 = _mm256_unpackhi_epi64(t1, t3); // keys 12-15 | 28-31
             let o = out.add(c);
-            _mm256_storeu_ps(o, keep(_mm256_permute2x128_si256::<0x20>(u0, u1)));
-            _mm256_storeu_ps(o.add(8), keep(_mm256_permute2x128_si256::<0x20>(u2, u3)));
-            _mm256_storeu_ps(o.add(16), keep(_mm256_permute2x128_si256::<0x31>(u0, u1)));
-            _mm256_storeu_ps(o.add(24), keep(_mm256_permute2x128_si256::<0x31>(u2, u3)));
+            put(o, keep(_mm256_permute2x128_si256::<0x20>(u0, u1)));
+            put(o.add(8), keep(_mm256_permute2x128_si256::<0x20>(u2, u3)));
+            put(o.add(16), keep(_mm256_permute2x128_si256::<0x31>(u0, u1)));
+            put(o.add(24), keep(_mm256_permute2x128_si256::<0x31>(u2, u3)));
             c += 32;
         }
         if c < n {
-            super::keep_row_scalar(out.add(c), d, b, h, i, j0 + c, n - c);
+            super::keep_row_scalar::<MULTIPLY>(out.add(c), d, b, h, i, j0 + c, n - c);
         }
     }
 }
 
 /// The generator for this CPU: AVX2 where there is AVX2, else scalar. `scalar` forces the scalar
-/// one (the Scalar kernel family, so its tests exercise it).
-pub(crate) fn keep_row_fn(scalar: bool) -> KeepRowFn {
+/// one (the Scalar kernel family, so its tests exercise it). `MULTIPLY` picks [`MUL`] or [`STORE`].
+pub(crate) fn keep_row_fn<const MULTIPLY: bool>(scalar: bool) -> KeepRowFn {
     #[cfg(target_arch = "x86_64")]
     if !scalar && is_x86_feature_detected!("avx2") {
-        return avx2::keep_row;
+        return avx2::keep_row::<MULTIPLY>;
     }
     let _ = scalar;
-    keep_row_scalar
+    keep_row_scalar::<MULTIPLY>
 }
 
 #[cfg(test)]
@@ -160,11 +172,18 @@ mod tests {
         for (d, b, h, i, j0) in [(d, 0, 0, 0, 0), (d, 3, 7, 129, 64), (d, u32::MAX, u32::MAX, u32::MAX, (1usize << 34) - 256), (edge, 1, 2, 3, 4)] {
             for scalar in [true, false] {
                 let mut out = vec![f32::NAN; 100];
-                // SAFETY: 100 floats.
-                unsafe { keep_row_fn(scalar)(out.as_mut_ptr(), &d, b, h, i, j0, 100) };
+                // Random non-zero values the MUL generator scales in place.
+                let row: Vec<f32> = (0..100).map(|c| 0.5 + ((c * 37 + 11) % 97) as f32 / 97.0).collect();
+                let mut scaled = row.clone();
+                // SAFETY: 100 floats each.
+                unsafe {
+                    keep_row_fn::<STORE>(scalar)(out.as_mut_ptr(), &d, b, h, i, j0, 100);
+                    keep_row_fn::<MUL>(scalar)(scaled.as_mut_ptr(), &d, b, h, i, j0, 100);
+                }
                 for (c, &x) in out.iter().enumerate() {
                     let want = if dropout_keep(d.key, d.threshold, b, h, i, (j0 + c) as u64) { d.scale } else { 0.0 };
                     assert_eq!(x, want, "scalar {scalar} b {b} h {h} i {i} key {}", j0 + c);
+                    assert_eq!(scaled[c], row[c] * want, "MUL: scalar {scalar} b {b} h {h} i {i} key {}", j0 + c);
                 }
             }
         }

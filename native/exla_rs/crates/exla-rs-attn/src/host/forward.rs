@@ -10,7 +10,7 @@
 
 use rayon::prelude::*;
 
-use super::dropout::{keep_row_fn, KeepRowFn, NO_DROPOUT};
+use super::dropout::{keep_row_fn, KeepRowFn, MUL, NO_DROPOUT};
 use super::extra::Prep;
 use super::kernels::{Gemm, Isa, RowExtra, LOG2_E, PAD};
 use super::{round_up, FwdInputs, FwdOutputs, HostElement, SyncPtr};
@@ -32,8 +32,6 @@ struct Scratch {
     ranges: Vec<KeyRange>,
     /// One additive row built for the extras (bias conversion, bias + key mask).
     e: Vec<f32>,
-    /// The dropout keep scales of one tile row (`scale` or 0).
-    km: Vec<f32>,
 }
 
 /// Where the current (batch, head, query block) sits, for the extras' rows.
@@ -98,7 +96,7 @@ fn run_impl<T: HostElement, K: Isa, const EXT: bool, const DROP: bool>(shape: &A
     let prep = if EXT { Prep::new(shape, ex) } else { Prep::new(shape, &Extras::default()) };
     let prep = &prep;
     let dropout = ex.dropout.unwrap_or(NO_DROPOUT);
-    let keep_row = keep_row_fn(K::SCALAR);
+    let keep_row = keep_row_fn::<MUL>(K::SCALAR);
     // Per (batch·kv head, key tile): does V hold an inf/NaN there? Once here, so the tile loop
     // asks a bit instead of scanning BC·dp values for every (query block, tile).
     let vbad: Vec<bool> = vp.par_chunks(BC * dp).map(|t| t.iter().any(|x| !x.is_finite())).collect();
@@ -115,7 +113,6 @@ fn run_impl<T: HostElement, K: Isa, const EXT: bool, const DROP: bool>(shape: &A
             l: vec![0.0; BR],
             ranges: Vec::with_capacity(BR),
             e: if EXT { vec![0.0; BC] } else { Vec::new() },
-            km: if DROP { vec![0.0; BC] } else { Vec::new() },
         },
         |scr, task| {
             let (bhq, qb) = (task / nqb, task % nqb);
@@ -242,11 +239,11 @@ fn step<K: Isa, const EXT: bool, const DROP: bool>(scr: &mut Scratch, opts: &Att
         if DROP {
             // o takes P ∘ M · s; l (so lse) keeps the undropped sum: the softmax precedes dropout.
             let i = (ctx.i0 + r) as u32;
-            // SAFETY: km holds BC floats; tiles start on multiples of BC (so of 4).
-            unsafe { (ctx.keep_row)(scr.km.as_mut_ptr(), &ctx.dropout, ctx.b as u32, ctx.hq as u32, i, j0, BC) };
-            for (p, k) in srow.iter_mut().zip(&scr.km) {
-                *p *= k;
-            }
+            // Only the row's visible keys a..b (widened to whole quads) carry weight; the rest of
+            // srow is 0 and stays 0. The generator scales srow in place.
+            let (qa, qb) = (a & !3, (b + 3) & !3);
+            // SAFETY: srow holds BC floats, qb ≤ BC (BC is a multiple of 4); j0 + qa is a multiple of 4.
+            unsafe { (ctx.keep_row)(srow.as_mut_ptr().add(qa), &ctx.dropout, ctx.b as u32, ctx.hq as u32, i, j0 + qa, qb - qa) };
         }
         clo = clo.min(a);
         chi = chi.max(b);
