@@ -144,7 +144,7 @@ def test_bias_gradient_finite_differences():
 
 def test_features_export():
     lib = ex.load("cpu")
-    assert lib.exla_rs_flash_attn_features(0) == 15  # Host: key_mask, bias, alibi, bias_grad
+    assert lib.exla_rs_flash_attn_features(0) == 31  # Host: key_mask, bias, alibi, bias_grad, dropout
     assert lib.exla_rs_flash_attn_features(1) == 31  # CUDA: every feature, dropout included
     assert lib.exla_rs_flash_attn_features(9) == -1
 
