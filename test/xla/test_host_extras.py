@@ -112,6 +112,15 @@ def test_extras_forward_and_backward(case, extra, dt):
             # follows o's type). Judge it absolutely, against that scale times the rows summed.
             floor = 1.0 * summed_rows(ext, x.q.shape)
             err = float(np.max(np.abs(got.astype(np.float64) - np.asarray(ref)))) / max(floor, float(np.max(np.abs(ref))))
+        elif name in ("dq", "dk") and not np.any(ref):
+            # Every row sees at most one key (a seed where left padding meets kv_len): the softmax
+            # is the constant 1, so dq = dk = 0 analytically, and the kernel returns the rounding
+            # of dP - Delta, two O(sqrt(D)·|do|·|v|) dot products that cancel. Judge that noise
+            # against the scale of what cancels (times |k| or |q|), not the 1e-2 floor of rel_err.
+            other = x.k if name == "dq" else x.q
+            cancel = float(np.sqrt(x.q.shape[3]) * np.max(np.abs(x.do.astype(np.float64))) * np.max(np.abs(x.v.astype(np.float64)))
+                           * np.max(np.abs(other.astype(np.float64))))
+            err = float(np.max(np.abs(got.astype(np.float64)))) / cancel
         else:
             err = rel_err(got, ref)
         bar = tol * (2 if name == "dbias" else 1)
