@@ -19,10 +19,10 @@ defmodule ExlaRs.NIFTest do
 
   test "flash_attn_features answers a bit set of the contract's optional features" do
     bits = NIF.feature_bits()
-    assert Enum.sort(Map.keys(bits)) == [:alibi_slopes, :bias, :bias_grad, :key_mask]
+    assert Enum.sort(Map.keys(bits)) == [:alibi_slopes, :bias, :bias_grad, :dropout, :key_mask]
     # One distinct bit each.
     assert bits |> Map.values() |> Enum.map(&:math.log2/1) |> Enum.all?(&(&1 == Float.round(&1)))
-    assert bits |> Map.values() |> Enum.uniq() |> length() == 4
+    assert bits |> Map.values() |> Enum.uniq() |> length() == 5
     all = bits |> Map.values() |> Enum.sum()
 
     # The Host runs every feature (the contract); CUDA some subset; other codes -1.

@@ -277,11 +277,22 @@ defmodule ExlaRs.DropoutTest do
         assert {"dropout_rate", "0.125 : f32"} in attrs
       end
 
-      # No platform reports the dropout feature yet: the call is skipped to the fallback.
-      for platform <- [:host, :cuda] do
-        refute :dropout in ExlaRs.CustomCall.features(platform)
-        assert ExlaRs.CustomCall.spec(fwd, fout, fargs, platform) == :skip
-        assert ExlaRs.CustomCall.spec(bwd, bout, bargs, platform) == :skip
+      # Both platforms' kernels run dropout (and key_mask): every feature the call needs is
+      # reported, so the layer does not :skip it for lack of one (what decides then is only the
+      # platform's registration, as for any call).
+      for platform <- [:host, :cuda], {tag, out, args} <- [{fwd, fout, fargs}, {bwd, bout, bargs}] do
+        assert :dropout in ExlaRs.CustomCall.features(platform)
+        assert Enum.all?(ExlaRs.CustomCall.required_features(tag), &(&1 in ExlaRs.CustomCall.features(platform)))
+
+        case ExlaRs.CustomCall.spec(tag, out, args, platform) do
+          {:ok, target, attrs} ->
+            assert target in ["exla_rs_flash_attn_fwd", "exla_rs_flash_attn_bwd"]
+            assert {"has_dropout", "true"} in attrs
+
+          :skip ->
+            # Only where the platform's runtime is absent from this BEAM (no registration).
+            assert {:error, _} = ExlaRs.CustomCall.ensure_registered(platform)
+        end
       end
     end
   end
