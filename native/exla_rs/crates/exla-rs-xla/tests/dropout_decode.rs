@@ -13,33 +13,6 @@ fn api() -> &'static sys::XLA_FFI_Api {
     fake_api(ApiVersion::new(0, 2))
 }
 
-fn bytes<T: Copy>(v: &[T]) -> Vec<u8> {
-    // SAFETY: plain-old-data views of numeric slices.
-    unsafe { std::slice::from_raw_parts(v.as_ptr() as *const u8, std::mem::size_of_val(v)).to_vec() }
-}
-
-fn f32_buf(dims: &[i64], v: &[f32]) -> OwnedBuffer {
-    OwnedBuffer::new(sys::XLA_FFI_DataType_F32, dims, &bytes(v))
-}
-
-fn i32_buf(v: &[i32]) -> OwnedBuffer {
-    OwnedBuffer::new(sys::XLA_FFI_DataType_S32, &[v.len() as i64], &bytes(v))
-}
-
-fn key_buf(dims: &[i64], key: &[u32]) -> OwnedBuffer {
-    OwnedBuffer::new(sys::XLA_FFI_DataType_U32, dims, &bytes(key))
-}
-
-fn randn(n: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-    (0..n)
-        .map(|_| {
-            s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-            ((s >> 33) as f64 / (1u64 << 31) as f64 * 2.0 - 1.0) as f32
-        })
-        .collect()
-}
-
 // D = 64 so the same frame is one the CUDA kernels take (the CUDA answer is then about dropout).
 const B: usize = 1;
 const S: usize = 64;
@@ -104,20 +77,20 @@ fn malformed_dropout_is_invalid_argument_on_both_platforms() {
         let m = invalid(fwd_frame(vec![], vec![("dropout_rate", AttrValue::F32(0.1))], p), p);
         assert!(m.contains("attribute `dropout_rate` is 0.1 but `has_dropout` is false"), "{m}");
         // has_dropout with rate 0 (absent) and with an explicit 0.
-        let m = invalid(fwd_frame(vec![key_buf(&[2], &[1, 2])], vec![("has_dropout", AttrValue::Pred(true))], p), p);
+        let m = invalid(fwd_frame(vec![u32_buf(&[2], &[1, 2])], vec![("has_dropout", AttrValue::Pred(true))], p), p);
         assert!(m.contains("`has_dropout` is true but attribute `dropout_rate` is 0"), "{m}");
-        let m = invalid(fwd_frame(vec![key_buf(&[2], &[1, 2])], dropout_attrs(0.0), p), p);
+        let m = invalid(fwd_frame(vec![u32_buf(&[2], &[1, 2])], dropout_attrs(0.0), p), p);
         assert!(m.contains("`dropout_rate` is 0"), "{m}");
         // Rates outside [0, 1) or NaN.
         for bad in [1.0f32, 1.5, -0.25, f32::NAN] {
-            let m = invalid(fwd_frame(vec![key_buf(&[2], &[1, 2])], dropout_attrs(bad), p), p);
+            let m = invalid(fwd_frame(vec![u32_buf(&[2], &[1, 2])], dropout_attrs(bad), p), p);
             assert!(m.contains("attribute `dropout_rate`: expected a rate in [0, 1)"), "{bad}: {m}");
         }
         // A rate of another type.
-        let m = invalid(fwd_frame(vec![key_buf(&[2], &[1, 2])], vec![("has_dropout", AttrValue::Pred(true)), ("dropout_rate", AttrValue::F64(0.5))], p), p);
+        let m = invalid(fwd_frame(vec![u32_buf(&[2], &[1, 2])], vec![("has_dropout", AttrValue::Pred(true)), ("dropout_rate", AttrValue::F64(0.5))], p), p);
         assert!(m.contains("attribute `dropout_rate` must be a f32 scalar"), "{m}");
         // Keys that are not u32[2].
-        for key in [key_buf(&[3], &[1, 2, 3]), key_buf(&[1, 2], &[1, 2]), OwnedBuffer::new(sys::XLA_FFI_DataType_S32, &[2], &bytes(&[1i32, 2]))] {
+        for key in [u32_buf(&[3], &[1, 2, 3]), u32_buf(&[1, 2], &[1, 2]), OwnedBuffer::new(sys::XLA_FFI_DataType_S32, &[2], &bytes(&[1i32, 2]))] {
             let m = invalid(fwd_frame(vec![key], dropout_attrs(0.5), p), p);
             assert!(m.contains("operand 5 `dropout_key` must be u32[2]"), "{m}");
         }
@@ -127,7 +100,7 @@ fn malformed_dropout_is_invalid_argument_on_both_platforms() {
         // The key is the last optional operand: after the ALiBi slopes, at index 6.
         let mut attrs = dropout_attrs(0.5);
         attrs.push(("has_alibi", AttrValue::Pred(true)));
-        let m = invalid(fwd_frame(vec![f32_buf(&[H as i64], &[0.5; H]), key_buf(&[3], &[1, 2, 3])], attrs, p), p);
+        let m = invalid(fwd_frame(vec![f32_buf(&[H as i64], &[0.5; H]), u32_buf(&[3], &[1, 2, 3])], attrs, p), p);
         assert!(m.contains("operand 6 `dropout_key` must be u32[2]"), "{m}");
     }
 }
@@ -137,7 +110,7 @@ fn the_dropout_feature_bit_is_set_on_cuda() {
     assert_eq!(exla_rs_flash_attn_features(1) & 16, 16);
     // A valid dropout call gets past decode and the feature check: with no GPU (a fake frame has
     // no stream) it fails after them, never as "not supported".
-    let e = run(fwd_frame(vec![key_buf(&[2], &[1, 2])], dropout_attrs(0.5), 1), 1).expect("an error: no stream here");
+    let e = run(fwd_frame(vec![u32_buf(&[2], &[1, 2])], dropout_attrs(0.5), 1), 1).expect("an error: no stream here");
     assert!(!e.message.contains("not supported on Cuda"), "{}", e.message);
 }
 
@@ -165,7 +138,7 @@ fn the_host_runs_dropout_with_the_contract_mask() {
         .arg(f32_buf(&dims(), &v))
         .arg(i32_buf(&[S as i32]))
         .arg(i32_buf(&[0]))
-        .arg(key_buf(&[2], &key))
+        .arg(u32_buf(&[2], &key))
         .ret(f32_buf(&dims(), &vec![f32::NAN; N]))
         .ret(f32_buf(&[B as i64, H as i64, S as i64], &vec![f32::NAN; B * H * S]))
         .build(api());

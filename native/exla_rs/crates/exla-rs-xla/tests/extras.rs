@@ -12,29 +12,6 @@ fn api() -> &'static sys::XLA_FFI_Api {
     fake_api(ApiVersion::new(0, 2))
 }
 
-fn bytes<T: Copy>(v: &[T]) -> Vec<u8> {
-    // SAFETY: plain-old-data views of numeric slices.
-    unsafe { std::slice::from_raw_parts(v.as_ptr() as *const u8, std::mem::size_of_val(v)).to_vec() }
-}
-
-fn f32_buf(dims: &[i64], v: &[f32]) -> OwnedBuffer {
-    OwnedBuffer::new(sys::XLA_FFI_DataType_F32, dims, &bytes(v))
-}
-
-fn i32_buf(v: &[i32]) -> OwnedBuffer {
-    OwnedBuffer::new(sys::XLA_FFI_DataType_S32, &[v.len() as i64], &bytes(v))
-}
-
-fn randn(n: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-    (0..n)
-        .map(|_| {
-            s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-            ((s >> 33) as f64 / (1u64 << 31) as f64 * 2.0 - 1.0) as f32
-        })
-        .collect()
-}
-
 const B: usize = 2;
 const SQ: usize = 5;
 const SK: usize = 9;

@@ -11,25 +11,6 @@ fn api() -> &'static sys::XLA_FFI_Api {
     fake_api(ApiVersion::new(0, 2))
 }
 
-fn f32_buf(dims: &[i64], v: &[f32]) -> OwnedBuffer {
-    OwnedBuffer::new(sys::XLA_FFI_DataType_F32, dims, &v.iter().flat_map(|x| x.to_ne_bytes()).collect::<Vec<_>>())
-}
-
-fn i32_buf(v: &[i32]) -> OwnedBuffer {
-    OwnedBuffer::new(sys::XLA_FFI_DataType_S32, &[v.len() as i64], &v.iter().flat_map(|x| x.to_ne_bytes()).collect::<Vec<_>>())
-}
-
-/// Deterministic non-zero pseudo-random values (a tiny LCG; no test dependency).
-fn randn(n: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-    (0..n)
-        .map(|_| {
-            s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-            ((s >> 33) as f64 / (1u64 << 31) as f64 * 2.0 - 1.0) as f32
-        })
-        .collect()
-}
-
 fn attrs(fb: FrameBuilder, scale: f32, wl: i64, wr: i64) -> FrameBuilder {
     fb.attr("scale", AttrValue::F32(scale))
         .attr("softcap", AttrValue::F32(0.0))

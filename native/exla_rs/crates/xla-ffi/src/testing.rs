@@ -175,6 +175,38 @@ impl OwnedBuffer {
     }
 }
 
+/// The bytes of a plain-data numeric slice (what `OwnedBuffer::new` takes).
+pub fn bytes<T: Copy>(v: &[T]) -> Vec<u8> {
+    // SAFETY: plain-old-data views of numeric slices.
+    unsafe { std::slice::from_raw_parts(v.as_ptr() as *const u8, std::mem::size_of_val(v)).to_vec() }
+}
+
+/// An `f32` buffer of the given dims.
+pub fn f32_buf(dims: &[i64], v: &[f32]) -> OwnedBuffer {
+    OwnedBuffer::new(sys::XLA_FFI_DataType_F32, dims, &bytes(v))
+}
+
+/// An `s32` vector (`kv_len`, `q_start`).
+pub fn i32_buf(v: &[i32]) -> OwnedBuffer {
+    OwnedBuffer::new(sys::XLA_FFI_DataType_S32, &[v.len() as i64], &bytes(v))
+}
+
+/// A `u32` buffer of the given dims (a dropout key).
+pub fn u32_buf(dims: &[i64], v: &[u32]) -> OwnedBuffer {
+    OwnedBuffer::new(sys::XLA_FFI_DataType_U32, dims, &bytes(v))
+}
+
+/// Deterministic non-zero pseudo-random values in [-1, 1) (a tiny LCG; no test dependency).
+pub fn randn(n: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+    (0..n)
+        .map(|_| {
+            s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            ((s >> 33) as f64 / (1u64 << 31) as f64 * 2.0 - 1.0) as f32
+        })
+        .collect()
+}
+
 /// Builds a call frame from owned buffers and attributes. The frame points into the builder,
 /// so the builder must stay put (it is boxed by `build`) while the frame is in use.
 pub struct FrameBuilder {
