@@ -303,11 +303,8 @@ BY_NAME_CUDA = {c.name: c for c in CUDA_CASES}
 # q_start (negative, random), GQA, softcap, Sq != Sk, odd sizes, several key tiles.
 OLD_CUDA = ["plain", "causal_odd", "causal_sq_lt_sk", "decode_step", "sliding_causal", "kv_padding_fully_masked", "q_start_negative", "gqa",
             "everything", "softcap_d96", "window_both_d192", "d128_ragged"]
-NEW_CUDA = {
-    "mask": lambda n: Extra(key_mask="left_pad", mask_dtype=n % 4),
-    "bias": lambda n: Extra(bias="1HQK", bias_f32=n % 2 == 1),
-    "alibi": lambda n: Extra(alibi=True),
-}
+# Each new option the way the Host tests vary it (mask dtype, bias dtype by case index).
+from test_host_extras import NEW as NEW_CUDA  # noqa: E402
 EXTRA_PARAMS = [pytest.param(BY_NAME_CUDA[o], NEW_CUDA[k](n), dt, id=f"{k}-{o}-{dt}") for n, o in enumerate(OLD_CUDA) for k in NEW_CUDA for dt in DTYPES]
 # Every bias broadcast pattern (and {B,1,1,Sk}) with its gradient, across several key tiles.
 LONG_CUDA = Case("long", 2, 70, 131, 4, 2, 32)
