@@ -39,13 +39,21 @@ def philox4x32_10(ctr, key):
     return [x.astype(np.uint32) for x in c]
 
 
+def dropout_halves(words, j):
+    """half(w, j) of the contract: the 16-bit half of output words `words` belonging to key j
+    (word (j mod 8) div 2, upper half for odd j)."""
+    w = np.choose(((j >> np.uint64(1)) & np.uint64(3)).astype(np.int64), [x.astype(np.uint64) for x in words])
+    return (w >> (np.uint64(16) * (j & np.uint64(1)))) & np.uint64(0xFFFF)
+
+
 def dropout_draw(key, b, h, i, j):
-    """The u32 draw of mask entry (b, h, i, j): word j mod 4 of Philox4x32-10 with
-    counter (j div 4, i, h, b) and key (key[0], key[1])."""
+    """The u32 draw of mask entry (b, h, i, j): half(x, j) * 2^16 + half(y, j), x and y
+    Philox4x32-10 with counters (j div 8, i, h, b) and (2^31 + j div 8, i, h, b), key (key[0], key[1])."""
     b, h, i, j = (np.asarray(x, dtype=np.uint64) for x in np.broadcast_arrays(b, h, i, j))
-    words = philox4x32_10([j >> np.uint64(2), i, h, b], key)
-    lane = (j & np.uint64(3)).astype(np.int64)
-    return np.choose(lane, words).astype(np.uint32)
+    q = j >> np.uint64(3)
+    x = philox4x32_10([q, i, h, b], key)
+    y = philox4x32_10([q | np.uint64(1 << 31), i, h, b], key)
+    return ((dropout_halves(x, j) << np.uint64(16)) | dropout_halves(y, j)).astype(np.uint32)
 
 
 def f32(rate):
@@ -76,12 +84,12 @@ def mask(key, rate, shape):
 
 
 # The table's grid: keys (Nx.Random.key(42) is [0, 42]), batch/head/query/key indices including
-# the u32 limits of each counter word (j up to 2^34 - 1: j div 4 fills counter word 0).
+# the u32 limits of each counter word (j up to 2^34 - 1: j div 8 fills counter word 0 but its top bit).
 KEYS = [(0, 0), (0, 42), (0xFFFFFFFF, 0xFFFFFFFF), (0x243F6A88, 0x85A308D3)]
 BS = [0, 1, 0xFFFFFFFF]
 HS = [0, 1, 7, 0xFFFFFFFF]
 IS = [0, 3, 1000, 0xFFFFFFFF]
-JS = [0, 1, 2, 3, 4, 5, 6, 7, 13, 255, 4096, 2**34 - 1]
+JS = [0, 1, 2, 3, 4, 5, 6, 7, 8, 13, 255, 4096, 2**34 - 1]
 RATES = [1e-9, 2**-33, 2**-32, 0.001, 0.1, 0.25, 0.5, 1 / 3, 0.9, 0.99999994]
 
 

@@ -33,11 +33,20 @@ def test_known_answers_vectorised():
 
 
 def test_draw_is_the_contract_counter_mapping():
-    # Entry (b, h, i, j) is word j mod 4 of Philox4x32-10((j div 4, i, h, b), key).
+    # Entry (b, h, i, j): the upper 16 bits are half (j mod 2) of word (j mod 8) div 2 of
+    # Philox4x32-10((j div 8, i, h, b), key), the lower 16 the same half of the call with
+    # counter word 0 + 2^31.
     key = (0x243F6A88, 0x85A308D3)
-    words = ref.philox4x32_10((5, 9, 2, 1), key)
-    for lane in range(4):
-        assert int(ref.dropout_draw(key, 1, 2, 9, 20 + lane)) == int(words[lane])
+    x = [int(w) for w in ref.philox4x32_10((5, 9, 2, 1), key)]
+    y = [int(w) for w in ref.philox4x32_10((5 + 2**31, 9, 2, 1), key)]
+    for lane in range(8):
+        half = lambda w: (w[lane // 2] >> (16 * (lane % 2))) & 0xFFFF  # noqa: E731
+        assert int(ref.dropout_draw(key, 1, 2, 9, 40 + lane)) == half(x) << 16 | half(y)
+    # The top of the j range: j div 8 = 2^31 - 1, so y's counter word 0 is 2^32 - 1.
+    top = 2**34 - 1
+    x = [int(w) for w in ref.philox4x32_10((2**31 - 1, 0, 0, 0), key)]
+    y = [int(w) for w in ref.philox4x32_10((2**32 - 1, 0, 0, 0), key)]
+    assert int(ref.dropout_draw(key, 0, 0, 0, top)) == (x[3] >> 16) << 16 | (y[3] >> 16)
 
 
 def test_committed_table_is_current():
