@@ -29,7 +29,28 @@ defmodule ExlaRs.DropoutTest do
     end)
   end
 
-  defp draw({k0, k1}, b, h, i, j), do: elem(philox({j >>> 2, i, h, b}, {k0, k1}), j &&& 3)
+  # The contract's draw: the upper half from x (counter (j div 8, i, h, b)), the lower
+  # half from y (counter word 0 + 2^31), each half(w, j) = 16-bit half j mod 2 of word
+  # (j mod 8) div 2.
+  defp draw(key, b, h, i, j) do
+    half = fn w -> elem(w, j >>> 1 &&& 3) >>> (16 * (j &&& 1)) &&& 0xFFFF end
+    x = philox({j >>> 3, i, h, b}, key)
+    y = philox({(j >>> 3) + 0x80000000, i, h, b}, key)
+    half.(x) <<< 16 ||| half.(y)
+  end
+
+  # The table's lines, each split into words; draw lines as integers.
+  defp vector_lines do
+    @vectors |> File.read!() |> String.split("\n", trim: true) |> Enum.reject(&String.starts_with?(&1, "#"))
+  end
+
+  defp vector_draws do
+    for "draw " <> rest <- vector_lines(), do: rest |> String.split() |> Enum.map(&String.to_integer(&1, 16))
+  end
+
+  # The table's entries inside the small mask {2, 8, 4, 14} (b <= 1, h <= 7, i <= 3, j <= 13).
+  @small {2, 8, 4, 14}
+  defp small?([_k0, _k1, b, h, i, j, _v]), do: b < 2 and h < 8 and i < 4 and j < 14
 
   # The contract's mask {B, H, Sq, Sk} as f64 0/1, element by element.
   defp contract_mask(key, rate, {b, h, sq, sk}) do
@@ -65,21 +86,27 @@ defmodule ExlaRs.DropoutTest do
     end
 
     test "draws, thresholds and keep scales match the table shared with Rust and numpy" do
-      lines = @vectors |> File.read!() |> String.split("\n", trim: true) |> Enum.reject(&String.starts_with?(&1, "#"))
+      lines = vector_lines()
       hex = &String.to_integer(&1, 16)
-
-      draws =
-        for "draw " <> rest <- lines do
-          rest |> String.split() |> Enum.map(hex)
-        end
-
-      assert length(draws) >= 2000
+      draws = vector_draws()
+      # Every draw line of the table is checked (4 keys x 3 b x 4 h x 4 i x 13 j).
+      assert length(draws) == length(for "draw " <> _ <- lines, do: 1)
+      assert length(draws) == 2496
 
       for {{k0, k1}, rows} <- Enum.group_by(draws, fn [k0, k1 | _] -> {k0, k1} end) do
         key = Nx.tensor([k0, k1], type: :u32)
         col = fn n, type -> Nx.tensor(Enum.map(rows, &Enum.at(&1, n)), type: type) end
         got = Philox.draws_at(key, col.(2, :u64), col.(3, :u64), col.(4, :u64), col.(5, :u64))
         assert Nx.to_flat_list(got) == Enum.map(rows, &Enum.at(&1, 6)), "key #{inspect({k0, k1})}"
+
+        # The whole-mask path (the one the fallback uses) on the entries inside a small mask.
+        whole = Philox.draws(key, @small)
+        small = Enum.filter(rows, &small?/1)
+        assert length(small) == 120
+
+        for [_, _, b, h, i, j, v] <- small do
+          assert Nx.to_number(whole[b][h][i][j]) == v, "key #{inspect({k0, k1})} entry #{inspect({b, h, i, j})}"
+        end
       end
 
       thresholds = for "threshold " <> rest <- lines, do: rest |> String.split() |> Enum.map(hex)
@@ -100,15 +127,79 @@ defmodule ExlaRs.DropoutTest do
       end
     end
 
-    test "the whole-mask draws (four keys per Philox call) are the per-entry draws" do
+    test "the whole-mask draws (two Philox calls per eight keys) are the per-entry draws" do
       key = Nx.Random.key(7)
-      shape = {2, 3, 5, 9}
+      # Sk not a multiple of 8, over more than one counter: the halves interleave in key order.
+      shape = {2, 3, 5, 19}
       got = Philox.draws(key, shape)
       [k0, k1] = Nx.to_flat_list(key)
       {b, h, sq, sk} = shape
       want = for(bi <- 0..(b - 1), hi <- 0..(h - 1), i <- 0..(sq - 1), j <- 0..(sk - 1), do: draw({k0, k1}, bi, hi, i, j))
       assert Nx.to_flat_list(got) == want
       assert Nx.type(got) == {:u, 32}
+    end
+  end
+
+  describe "thresholds that tie with a draw's upper half" do
+    # T = floor(rate * 2^32) of an f32 rate is a multiple of the rate's ulp times 2^32:
+    # 2^(e - 23) for a draw d with 2^e <= d < 2^(e + 1), at least 1. Rounding d down and up
+    # to such a multiple gives two exact f32 rates whose thresholds keep d's upper 16 bits
+    # (the kernels' tie, where only y's lower half decides): d >= T_down is kept, d < T_up
+    # dropped.
+    defp tie_thresholds(d) do
+      e = length(Integer.digits(d, 2)) - 1
+      g = 1 <<< max(e - 23, 0)
+      down = d - rem(d, g)
+      {down, down + g}
+    end
+
+    defp rate_of(t) do
+      rate = t / 4_294_967_296
+      # Exactly an f32 (at most 24 significant bits) with that threshold.
+      <<r32::float-32>> = <<rate::float-32>>
+      assert r32 == rate
+      assert Philox.threshold(rate) == t
+      rate
+    end
+
+    test "the lower half decides: kept iff draw >= T, on the mask and through attention" do
+      # Per key, the first table entry of the small mask whose draw is not itself a threshold
+      # (T_down < d < T_up) and where rounding up does not carry into the upper half.
+      cases =
+        vector_draws()
+        |> Enum.filter(&small?/1)
+        |> Enum.filter(fn [_, _, _, _, _, _, d] ->
+          {down, up} = tie_thresholds(d)
+          down < d and up <= 0xFFFFFF00 and up >>> 16 == d >>> 16 and down >>> 16 == d >>> 16
+        end)
+        |> Enum.uniq_by(fn [k0, k1 | _] -> {k0, k1} end)
+
+      assert length(cases) == 4
+
+      for [k0, k1, b, h, i, j, d] <- cases do
+        key = Nx.tensor([k0, k1], type: :u32)
+        {down, up} = tie_thresholds(d)
+
+        for {t, kept} <- [{down, 1}, {up, 0}] do
+          rate = rate_of(t)
+          assert kept == if(d >= t, do: 1, else: 0)
+          label = "key #{inspect({k0, k1})} entry #{inspect({b, h, i, j})} draw #{Integer.to_string(d, 16)} T #{Integer.to_string(t, 16)}"
+          assert Nx.to_number(Philox.keep(key, rate, @small)[b][h][i][j]) == kept, label
+          assert Nx.to_number(Philox.draws_at(key, b, h, i, j)) == d
+        end
+      end
+
+      # End to end through the fallback (ExlaRs.attention), for the first case: the tied
+      # entry is kept at T_down and dropped at T_up, and every other entry follows draw >= T.
+      [k0, k1, b, h, i, j, d] = hd(cases)
+      key = Nx.tensor([k0, k1], type: :u32)
+      {down, up} = tie_thresholds(d)
+
+      for {t, kept} <- [{down, 1.0}, {up, 0.0}] do
+        observed = Ref.observe_mask(key, rate_of(t), @small)
+        assert Nx.to_number(observed[b][h][i][j]) == kept
+        assert observed == contract_mask(key, rate_of(t), @small)
+      end
     end
   end
 

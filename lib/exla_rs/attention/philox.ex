@@ -10,14 +10,20 @@ defmodule ExlaRs.Attention.Philox do
     is the table all implementations are checked against.
 
     Mask entry `(b, h, i, j)` (query head `h`, query row `i`, key `j`) is kept iff
-    `draw(b, h, i, j) >= floor(rate * 2^32)`, where the draw is word `j mod 4` of
-    Philox4x32-10 with counter `(j div 4, i, h, b)` and key `(key[0], key[1])`.
+    `draw(b, h, i, j) >= floor(rate * 2^32)`. With `x` and `y` Philox4x32-10 of the
+    counters `(j div 8, i, h, b)` and `(2^31 + j div 8, i, h, b)` under the key
+    `(key[0], key[1])`, and `half(w, j) = (w[(j mod 8) div 2] >> (16 * (j mod 2))) & 0xFFFF`
+    (the four words of one call, read as eight little-endian `u16`, are the halves of
+    keys `8q .. 8q + 7`), the draw is the `u32` `half(x, j) * 2^16 + half(y, j)`.
+    The kernels compute `y` only where an upper half ties with the threshold's; this
+    module computes both everywhere (two calls per eight keys), which gives the same bits.
 
     The `u32` arithmetic runs on `u64` tensors: a product of two `u32` values is
     exact in `u64`, so its high and low words are a shift and a mask, and nothing
-    relies on how a backend wraps or converts out-of-range integers. Every constant
-    is an explicit `u64` tensor: a bare integer scalar in an Nx op is narrowed to
-    `s32` first, which wraps the Philox constants above 2^31.
+    relies on how a backend wraps or converts out-of-range integers (the halves are
+    joined in `u32` with masks before shifts, so nothing leaves 32 bits there either).
+    Every constant is an explicit `u64` or `u32` tensor: a bare integer scalar in an Nx
+    op is narrowed to `s32` first, which wraps the Philox constants above 2^31.
     """
 
     import Bitwise
@@ -28,6 +34,8 @@ defmodule ExlaRs.Attention.Philox do
     @w1 0xBB67AE85
     @lo32 0xFFFFFFFF
     @u64 {:u, 64}
+    # Counter word 0's top bit: the second (lower-half) stream.
+    @y_stream 0x80000000
 
     @doc """
     Philox4x32-10 of a counter `{c0, c1, c2, c3}` and a key `{k0, k1}` (integer
@@ -65,24 +73,47 @@ defmodule ExlaRs.Attention.Philox do
     """
     def draws_at(key, b, h, i, j) do
       j = u64(j)
-      lane = Nx.bitwise_and(j, u64(3))
-      {x0, x1, x2, x3} = philox4x32_10({Nx.right_shift(j, u64(2)), i, h, b}, key_words(key))
-      Nx.select(Nx.equal(lane, 0), x0, Nx.select(Nx.equal(lane, 1), x1, Nx.select(Nx.equal(lane, 2), x2, x3)))
+      q = Nx.right_shift(j, u64(3))
+      key = key_words(key)
+      x = philox4x32_10({q, i, h, b}, key)
+      y = philox4x32_10({Nx.bitwise_or(q, u64(@y_stream)), i, h, b}, key)
+      # half(w, j): word (j mod 8) div 2, shifted right by 16 * (j mod 2).
+      word = j |> Nx.right_shift(u64(1)) |> Nx.bitwise_and(u64(3))
+      shift = j |> Nx.bitwise_and(u64(1)) |> Nx.multiply(u64(16))
+
+      half = fn {w0, w1, w2, w3} ->
+        w = Nx.select(Nx.equal(word, 0), w0, Nx.select(Nx.equal(word, 1), w1, Nx.select(Nx.equal(word, 2), w2, w3)))
+        w |> u64() |> Nx.right_shift(shift) |> Nx.bitwise_and(u64(0xFFFF))
+      end
+
+      half.(x) |> Nx.left_shift(u64(16)) |> Nx.bitwise_or(half.(y)) |> Nx.as_type({:u, 32})
     end
 
     @doc """
     The draws of the whole mask `{batch, heads, seq_q, seq_k}`: `u32` of that shape.
-    One Philox call per four consecutive keys, as the kernels draw them.
+    The counters `{batch, heads, seq_q, ceil(seq_k / 8)}` are built once; one Philox
+    call gives the upper halves (`x`) and one the lower halves (`y`) of eight
+    consecutive keys each.
     """
     def draws(key, {b, h, sq, sk}) do
-      quads = div(sk + 3, 4)
-      shape = {b, h, sq, quads}
-      counter = for axis <- [3, 2, 1, 0], do: Nx.iota(shape, axis: axis, type: @u64)
-      {x0, x1, x2, x3} = philox4x32_10(List.to_tuple(counter), key_words(key))
+      octs = div(sk + 7, 8)
+      shape = {b, h, sq, octs}
+      [c0, c1, c2, c3] = for axis <- [3, 2, 1, 0], do: Nx.iota(shape, axis: axis, type: @u64)
+      key = key_words(key)
+      # {b, h, sq, octs, 4}: word w of each call holds the halves of keys 8q + 2w (low)
+      # and 8q + 2w + 1 (high).
+      x = {c0, c1, c2, c3} |> philox4x32_10(key) |> Tuple.to_list() |> Nx.stack(axis: 4)
+      y = {Nx.bitwise_or(c0, u64(@y_stream)), c1, c2, c3} |> philox4x32_10(key) |> Tuple.to_list() |> Nx.stack(axis: 4)
+      low16 = u32(0xFFFF)
+      high16 = u32(0xFFFF0000)
+      # Key 8q + 2w: low halves of x and y; key 8q + 2w + 1: high halves. Masks before
+      # shifts, so no value leaves u32.
+      even = x |> Nx.bitwise_and(low16) |> Nx.left_shift(u32(16)) |> Nx.bitwise_or(Nx.bitwise_and(y, low16))
+      odd = x |> Nx.bitwise_and(high16) |> Nx.bitwise_or(Nx.right_shift(y, u32(16)))
 
-      [x0, x1, x2, x3]
-      |> Nx.stack(axis: 4)
-      |> Nx.reshape({b, h, sq, quads * 4})
+      [even, odd]
+      |> Nx.stack(axis: 5)
+      |> Nx.reshape({b, h, sq, octs * 8})
       |> Nx.slice_along_axis(0, sk, axis: 3)
     end
 
@@ -125,6 +156,8 @@ defmodule ExlaRs.Attention.Philox do
 
     defp u64(x) when is_integer(x), do: Nx.tensor(x, type: @u64)
     defp u64(x), do: Nx.as_type(x, @u64)
+
+    defp u32(x) when is_integer(x), do: Nx.tensor(x, type: {:u, 32})
   else
     @moduledoc false
   end
