@@ -21,7 +21,7 @@ sys.path.insert(0, str(ROOT / "test/xla"))
 import philox_ref  # noqa: E402  (test/xla: the contract's Philox in numpy)
 
 # Counters the checks read to make sure a case exercised the path it names.
-STATS = {"tiles_skipped": 0, "blocks_skipped": 0, "dbias_red": 0}
+STATS = {"tiles_skipped": 0, "blocks_skipped": 0, "dbias_red": 0, "dropout_ties": 0}
 
 LANES = np.arange(32)
 G, TIG = LANES >> 2, LANES & 3
@@ -220,7 +220,9 @@ ALIBI_CAP = 1 << 30  # alibi_rel's clamp
 class Extras:
     """The kernels' ExtraParams (+ the backward's dbias_accum) for one call. bias: array of rank 4
     [Bb, Hb, Sqb, Skb] (values already rounded to its dtype), read through dense strides that are 0
-    on the broadcast dims, as the launcher fills them; dropout: (k0, k1, rate) or None."""
+    on the broadcast dims, as the launcher fills them; dropout: (k0, k1, rate) or None, or
+    (k0, k1, rate, threshold) to force the threshold onto a draw so that the tie path runs (the
+    scale still comes from rate)."""
 
     def __init__(self, key_mask=None, bias=None, alibi=None, dropout=None, dbias=False):
         self.key_mask, self.alibi = key_mask, alibi
@@ -232,8 +234,9 @@ class Extras:
             self.flat = self.bias.ravel()
         self.drop = None
         if dropout is not None:
-            k0, k1, rate = dropout
-            self.drop = (k0, k1, philox_ref.threshold(rate), float(philox_ref.keep_scale(rate)), rate)
+            k0, k1, rate = dropout[:3]
+            thr = dropout[3] if len(dropout) > 3 else philox_ref.threshold(rate)
+            self.drop = (k0, k1, thr, float(philox_ref.keep_scale(rate)), rate)
         self.dbias = np.zeros(self.bias.size, np.float32) if dbias else None
 
     def bias_at(self, off, ok):
@@ -259,31 +262,183 @@ def key_mask_tile_bits(ex, b, n0, sk, bn):
     return bits
 
 
+U32 = 0xFFFFFFFF
+
+
 def philox(c, k0, k1):
-    return [x.astype(np.uint64) for x in philox_ref.philox4x32_10(c, (k0, k1))]
+    return [x.astype(np.uint64) for x in philox_ref.philox4x32_10([np.asarray(x, np.uint64) & np.uint64(U32) for x in c], (k0, k1))]
 
 
-def transpose4_lanes(a, w):
-    """extras.cuh transpose4_lanes: a[k] (4 arrays over the 32 lanes), w = g & 3 per lane."""
+def transpose4_lanes(a, w, stride):
+    """extras.cuh transpose4_lanes<kStride>: a[k] (4 arrays over the 32 lanes), w = (lane / stride) & 3."""
     a = list(a)
     w1, w2 = (w & 1) != 0, (w & 2) != 0
     for t in range(2):
-        got = np.where(w1, a[2 * t], a[2 * t + 1])[LANES ^ 4]
+        got = np.where(w1, a[2 * t], a[2 * t + 1])[LANES ^ stride]
         a[2 * t], a[2 * t + 1] = np.where(w1, got, a[2 * t]), np.where(w1, a[2 * t + 1], got)
     for t in range(2):
-        got = np.where(w2, a[t], a[t + 2])[LANES ^ 8]
+        got = np.where(w2, a[t], a[t + 2])[LANES ^ (2 * stride)]
         a[t], a[t + 2] = np.where(w2, got, a[t]), np.where(w2, a[t + 2], got)
     return a
 
 
 def check_transpose4():
-    """Lane w leaves with word w of call e in a[e], for every group of 4 lanes."""
+    """Lane w leaves with word w of call e in a[e], for every group of 4 lanes and each stride."""
     A = np.arange(32 * 4).reshape(32, 4) * 7 + 3  # lane l holds words A[l, k]
-    out = transpose4_lanes([A[:, k] for k in range(4)], G & 3)
-    for lane in range(32):
-        for e in range(4):
-            src = (lane & ~12) | (e << 2)  # the group lane that computed call e
-            assert out[e][lane] == A[src, (lane >> 2) & 3], (lane, e)
+    for stride in (1, 2, 4, 8):
+        w = (LANES // stride) & 3
+        out = transpose4_lanes([A[:, k] for k in range(4)], w, stride)
+        for lane in range(32):
+            for e in range(4):
+                src = (lane & ~(3 * stride)) | (e * stride)  # the group lane that computed call e
+                assert out[e][lane] == A[src, w[lane]], (stride, lane, e)
+
+
+def philox_word(words, w):
+    """extras.cuh philox_word: word w (per lane) of a call."""
+    return np.choose(np.asarray(w, np.int64), words)
+
+
+def half16(word, hh):
+    return (np.asarray(word, np.uint64) >> np.uint64(16 * hh)) & np.uint64(0xFFFF)
+
+
+def tie_keep(drop, b, h, i, octv, w, hh):
+    """Dropout::tie_keep: half hh of word w of y (counter (2^31 + oct, i, h, b)) >= T & 0xFFFF."""
+    k0, k1, thr = drop[:3]
+    y = philox([np.asarray(octv, np.uint64) + np.uint64(1 << 31), i, h, b], k0, k1)
+    return half16(philox_word(y, w), hh) >= np.uint64(thr & 0xFFFF)
+
+
+def entry_keep(drop, b, h, i, j):
+    """Dropout::keep(b, h, i, j): x's upper half against T >> 16, y only on a tie (k0, k1, T may
+    be arrays too, one per entry)."""
+    k0, k1, thr = drop[:3]
+    thr = np.asarray(thr, np.uint64)
+    j = np.asarray(j, np.uint64)
+    octv, w, hh = j >> np.uint64(3), ((j >> np.uint64(1)) & np.uint64(3)).astype(np.int64), (j & np.uint64(1)).astype(np.int64)
+    sh = np.uint64(16) * hh.astype(np.uint64)
+    up = (philox_word(philox([octv, i, h, b], k0, k1), w) >> sh) & np.uint64(0xFFFF)
+    t = thr >> np.uint64(16)
+    low = (philox_word(philox([octv + np.uint64(1 << 31), i, h, b], k0, k1), w) >> sh) & np.uint64(0xFFFF)
+    return np.where(up == t, low >= (thr & np.uint64(0xFFFF)), up > t)
+
+
+def keep8(drop, a, w, oct0, i0, i_step, b, h):
+    """Dropout::keep8 over the lanes: bit 2c + hh is half hh of a[c] (word w of x of counter
+    (oct0 + (c >> 1), i0 + (c & 1) * i_step, h, b)); y only for the lanes whose half ties."""
+    thr = drop[2]
+    t = np.uint64(thr >> 16)
+    bits = np.zeros(32, np.uint64)
+    tie = np.zeros(32, np.uint64)
+    for c in range(4):
+        for hh in range(2):
+            up = half16(a[c], hh)
+            bits |= (up > t).astype(np.uint64) << np.uint64(2 * c + hh)
+            tie |= (up == t).astype(np.uint64) << np.uint64(2 * c + hh)
+    for k in range(8):  # the kernel's while loop over the set tie bits (order does not matter)
+        lanes = ((tie >> np.uint64(k)) & np.uint64(1)) != 0
+        if not lanes.any():
+            continue
+        c = k >> 1
+        STATS["dropout_ties"] += int(lanes.sum())
+        kept = tie_keep(drop, b, h, np.asarray(i0, np.uint64) + np.uint64((c & 1) * i_step), np.asarray(oct0, np.uint64) + np.uint64(c >> 1), w, k & 1)
+        bits |= (lanes & kept).astype(np.uint64) << np.uint64(k)
+    return bits
+
+
+def fwd_dropout_bits(drop, b, h, row_a, n0, bn):
+    """flash_fwd.cuh dropout_tile's keep bits: bit 4j + e of lane (g, tig) = element (j, e), row
+    row_a + 8 (e >> 1), key n0 + 8j + 2tig + (e & 1)."""
+    k0, k1 = drop[:2]
+    nj = bn // 8
+    oct0 = n0 >> 3
+    bits = np.zeros(32, np.uint64)
+    for jp in range((nj + 1) // 2):
+        r = philox([oct0 + 2 * jp + (TIG >> 1), np.asarray(row_a) + 8 * (TIG & 1), h, b], k0, k1)
+        a = transpose4_lanes(r, TIG, 1)
+        bits |= keep8(drop, a, TIG, oct0 + 2 * jp, row_a, 8, b, h) << np.uint64(8 * jp)
+    return bits
+
+
+def even_bits4(v):
+    one = np.uint64(1)
+    return (v & one) | ((v >> one) & np.uint64(2)) | ((v >> np.uint64(2)) & np.uint64(4)) | ((v >> np.uint64(3)) & np.uint64(8))
+
+
+def bwd_dropout_bits(drop, b, h, m0, key_warp0, bm):
+    """flash_bwd.cuh dropout_keep_bits_t: bit 4j + e of lane (g, tig) = element (j, e), query
+    m0 + 8j + 2tig + (e & 1), key key_warp0 + g + 8 (e >> 1)."""
+    k0, k1 = drop[:2]
+    nj = bm // 8
+    w, p = G >> 1, G & 1
+    oct0 = key_warp0 >> 3
+    bits = np.zeros(32, np.uint64)
+    for jp in range((nj + 1) // 2):
+        j = 2 * jp + p
+        q0 = m0 + j * 8 + TIG * 2
+        r = philox([oct0 + (w >> 1), q0 + (w & 1), h, b], k0, k1)
+        a = transpose4_lanes(r, w, 8)
+        k8 = keep8(drop, a, w, oct0, q0, 1, b, h)
+        mine4, give4 = even_bits4(k8 >> p.astype(np.uint64)), even_bits4(k8 >> (p ^ 1).astype(np.uint64))
+        got4 = give4[LANES ^ 4]
+        bits |= (mine4 << (4 * j).astype(np.uint64)) | (got4 << (4 * (j ^ 1)).astype(np.uint64))
+    return bits
+
+
+def check_dropout_fragments():
+    """The fragment keep bits of both kernels (and Dropout::keep) equal the contract's mask
+    draw >= T from philox_ref, for random thresholds and for thresholds forced onto the draws of
+    entries the tile covers (T = draw and draw + 1, and T = draw's upper half with lower half 0 or
+    0xFFFF): there half(x) ties with T >> 16 and the y path decides. Odd n-tile counts (a tail
+    pair with one n-tile) are run as well."""
+    rng = np.random.default_rng(11)
+    ties0 = STATS["dropout_ties"]
+    n_checked = 0
+
+    def expected(key, thr, b, h, rows, keys):
+        return philox_ref.dropout_draw(key, b, h, rows, keys).astype(np.uint64) >= np.uint64(thr)
+
+    def thresholds(key, b, h, rows, keys):
+        """A random threshold, then forced ones at a few covered entries (lane, j, e)."""
+        out = [int(rng.integers(0, 2**32 - 256))]
+        draws = philox_ref.dropout_draw(key, b, h, rows, keys)  # [32, NJ, 4]
+        picks = [(0, 0, 0), (31, draws.shape[1] - 1, 3), (int(rng.integers(32)), int(rng.integers(draws.shape[1])), 1),
+                 (int(rng.integers(32)), int(rng.integers(draws.shape[1])), 2)]
+        for l, j, e in picks:
+            d = int(draws[l, j, e])
+            out += [d, d + 1, d & 0xFFFF0000, d | 0xFFFF]
+        return [t for t in out if t <= 2**32 - 256]
+
+    # The tile geometry: (b, h, row base, n0 / key_warp0, m0, BN / BM)
+    geoms = [(0, 0, 0, 0, 0, 64), (1, 3, 16, 128, 32, 32), (0xFFFFFFFF, 0xFFFFFFFF, 2**31 - 100, 2**31 - 64, 2**31 - 80, 64),
+             (2, 1, 48, 64, 0, 24), (5, 2, 7, 2**30, 2**30 + 8, 40)]
+    for gi, (b, h, rbase, n0, m0, nn) in enumerate(geoms):
+        key = (int(rng.integers(0, 2**32)), int(rng.integers(0, 2**32)))
+        nj = nn // 8
+        jj, ee = np.arange(nj)[None, :, None], np.arange(4)[None, None, :]
+        ln_g, ln_t = G[:, None, None], TIG[:, None, None]
+        # forward: lane (g, tig), element (j, e): row rbase + g + 8 (e >> 1), key n0 + 8j + 2tig + (e & 1)
+        f_rows = np.broadcast_to(rbase + ln_g + 8 * (ee >> 1), (32, nj, 4))
+        f_keys = np.broadcast_to(n0 + 8 * jj + 2 * ln_t + (ee & 1), (32, nj, 4))
+        # backward: query m0 + 8j + 2tig + (e & 1), key key_warp0 + g + 8 (e >> 1)
+        b_rows = np.broadcast_to(m0 + 8 * jj + 2 * ln_t + (ee & 1), (32, nj, 4))
+        b_keys = np.broadcast_to(n0 + ln_g + 8 * (ee >> 1), (32, nj, 4))
+        for kind, rows, keys in (("fwd", f_rows, f_keys), ("bwd", b_rows, b_keys)):
+            for thr in thresholds(key, b, h, rows, keys):
+                drop = (key[0], key[1], thr, 1.0, 0.0)
+                if kind == "fwd":
+                    bits = fwd_dropout_bits(drop, b, h, rbase + G, n0, nn)
+                else:
+                    bits = bwd_dropout_bits(drop, b, h, m0, n0, nn)
+                got = ((bits[:, None, None] >> (4 * jj + ee).astype(np.uint64)) & np.uint64(1)) != 0
+                want = expected(key, thr, b, h, rows, keys)
+                assert np.array_equal(got, want), f"{kind} dropout bits differ: geometry {gi} threshold {thr:#x} at {np.argwhere(got != want)[:4].tolist()}"
+                assert np.array_equal(entry_keep(drop, b, h, rows, keys), want), f"Dropout::keep differs: {kind} geometry {gi} threshold {thr:#x}"
+                n_checked += want.size
+    ties = STATS["dropout_ties"] - ties0
+    assert ties > 100, f"the tie path ran only {ties} times"
+    print(f"dropout fragments: {n_checked} entries, {ties} ties resolved by y", flush=True)
 
 
 def ref_extras(q, k, v, do, kv_len, qs, scale, cap, wl, wr, ex):
@@ -314,8 +469,10 @@ def ref_extras(q, k, v, do, kv_len, qs, scale, cap, wl, wr, ex):
         lse = np.where(l > 0, mx + np.log(np.where(l > 0, l, 1)), -np.inf)
     P = np.where(vis, np.exp(zm - np.where(np.isfinite(lse), lse, 0)), 0)
     if ex.drop is not None:
-        k0, k1, _, _, rate = ex.drop
-        Ms = philox_ref.mask((k0, k1), rate, (B, H, Sq, Sk)) * (1 / (1 - np.float64(np.float32(rate))))
+        k0, k1, thr, _, rate = ex.drop
+        bb, hh, ii, jj = np.meshgrid(np.arange(B), np.arange(H), np.arange(Sq), np.arange(Sk), indexing="ij")
+        keep = philox_ref.dropout_draw((k0, k1), bb, hh, ii, jj) >= np.uint32(thr)  # philox_ref.mask with the stored T
+        Ms = keep * (1 / (1 - np.float64(np.float32(rate))))
     else:
         Ms = np.ones_like(P)
     o = np.einsum("bhij,bjhd->bihd", P * Ms, vv)
@@ -462,17 +619,10 @@ def flash_fwd(q, k, v, kv_len, q_start, scale, softcap, wl, wr, ex=None):
                             rsum[r] = rsum[r] * alpha + s[:, :, 2 * r:2 * r + 2].sum(axis=(0, 2))
                             acc[:, :, 2 * r:2 * r + 2] *= alpha[None, :, None]
                         if ex is not None and ex.drop is not None:  # dropout_tile
-                            k0, k1, thr = ex.drop[:3]
-                            odd = (TIG & 1) != 0
-                            my_row = (row_a + np.where(odd, 8, 0)).astype(np.uint64)
+                            bits = fwd_dropout_bits(ex.drop, b, h, row_a, n0, BN)
                             for j in range(BN // 8):
-                                quad = ((n0 + j * 8) >> 2) + (TIG >> 1)
-                                w = philox([quad, my_row, h, b], k0, k1)
-                                give0, give1 = np.where(odd, w[0], w[2]), np.where(odd, w[1], w[3])
-                                got0, got1 = give0[LANES ^ 1], give1[LANES ^ 1]
-                                words = [np.where(odd, got0, w[0]), np.where(odd, got1, w[1]), np.where(odd, w[2], got0), np.where(odd, w[3], got1)]
                                 for e in range(4):
-                                    s[j, :, e] = np.where(words[e] >= thr, s[j, :, e], 0)
+                                    s[j, :, e] = np.where((bits >> np.uint64(4 * j + e)) & np.uint64(1), s[j, :, e], 0)
                         for kk in range(BN // 16):
                             a = [pack2(s[2 * kk][:, 0], s[2 * kk][:, 1]), pack2(s[2 * kk][:, 2], s[2 * kk][:, 3]),
                                  pack2(s[2 * kk + 1][:, 0], s[2 * kk + 1][:, 1]), pack2(s[2 * kk + 1][:, 2], s[2 * kk + 1][:, 3])]
@@ -524,15 +674,8 @@ def bwd_extras_step(ex, st, dpt, dbias_keys, b, h, hk, t, group, m_tiles, m0, n0
     keep_bits = np.full(32, 0xFFFFFFFF, np.uint64)
     drop_scale = np.float32(1)
     if ex.drop is not None:  # dropout_keep_bits_t
-        k0, k1, thr, drop_scale = ex.drop[:4]
-        w = G & 3
-        quad = (n0 + ks * 16 + (G & ~3) + (w >> 1) * 8) >> 2
-        keep_bits = np.zeros(32, np.uint64)
-        for j in range(BM // 8):
-            query = m0 + j * 8 + TIG * 2 + (w & 1)
-            a = transpose4_lanes(philox([quad, query, h, b], k0, k1), w)
-            for e in range(4):
-                keep_bits |= (a[e] >= thr).astype(np.uint64) << np.uint64(j * 4 + e)
+        drop_scale = ex.drop[3]
+        keep_bits = bwd_dropout_bits(ex.drop, b, h, m0, n0 + ks * 16, BM)
     slope_l2 = np.float32(-ex.alibi[h] * np.float32(L2E)) if ex.alibi is not None else 0
     rel = np.clip(int(mask.qs) + m0 + TIG * 2 - key_a, -ALIBI_CAP, ALIBI_CAP)
     q_lim, k_lim = Sq - m0 - TIG * 2, mask.kv_end - key_a
@@ -808,7 +951,8 @@ def check_extras(rng):
     with GQA, causal/windows, kv_len, q_start, hidden 64-key tiles and fully masked rows."""
     NAN = float("nan")
     # (dtype, B, Sq, Sk, H, Hkv, D, wl, wr, cap, kv_len, q_start, key_mask (b -> list of hidden key
-    # ranges), bias (shape, dtype, specials), alibi, dropout rate, dbias[, v poison (b, key, kv head,
+    # ranges), bias (shape, dtype, specials), alibi, dropout rate (or (rate, (b, h, i, j)): the
+    # threshold forced onto that entry's draw), dbias[, v poison (b, key, kv head,
     # col, value) at keys no row may see: hidden by key_mask or by a -inf bias column])
     cases = [
         # u8 mask with holes and a hidden 64-key tile, full f32 bias with a -inf entry and NaN on a hidden key, causal
@@ -831,6 +975,9 @@ def check_extras(rng):
         # hidden by a -inf bias entry, f16 bias [B,H,Sq,1]
         ("bf16", 1, 30, 140, 2, 1, 96, -1, -1, 0.0, [140], [0], ("u8", {0: [(0, 64)]}),
          ("B,H,Sq,1", "f16", [((0, 1, 4, 0), -np.inf)]), False, 0.0, True),
+        # dropout with the threshold forced onto the draw of entry (b, h, i, j) = (1, 1, 37, 45): its
+        # upper half ties in both kernels and y decides (kept); GQA, odd Sq/Sk tails, D = 64
+        ("f16", 2, 41, 77, 2, 1, 64, -1, -1, 0.0, [77, 70], [0, 0], None, None, False, (0.5, (1, 1, 37, 45)), False),
     ]
     worst = 0.0
     dims_of = {"B": 0, "H": 1, "Sq": 2, "Sk": 3}
@@ -858,7 +1005,13 @@ def check_extras(rng):
             for idx, val in bias_spec[2]:
                 bias[tuple(i if shape[a] > 1 else 0 for a, i in enumerate(idx))] = val
         slopes = (rng.uniform(-0.3, 0.6, h).astype(np.float32)) if alibi else None
+        tie_at = None
+        if isinstance(rate, tuple):
+            rate, tie_at = rate
         drop = (int(rng.integers(0, 2**32)), int(rng.integers(0, 2**32)), rate) if rate > 0 else None
+        if tie_at is not None:  # T = draw(entry): its upper half ties with T >> 16 (y path, kept)
+            drop += (int(philox_ref.dropout_draw(drop[:2], *tie_at)),)
+        ties0 = STATS["dropout_ties"]
         ex = Extras(key_mask=key_mask, bias=bias, alibi=slopes, dropout=drop, dbias=want_dbias)
         scale = 1 / math.sqrt(d)
         ro, rl, rdq, rdk, rdv, rdb = ref_extras(q, k, v_ref, do, kv_len, qs, scale, cap, wl, wr, ex)
@@ -881,6 +1034,8 @@ def check_extras(rng):
               f"dq {errs[0]:.1e} dk {errs[1]:.1e} dv {errs[2]:.1e}" + (f" dbias {errs[3]:.1e}" if want_dbias else "") +
               (f" v poison at {len(poison_v)} hidden keys" if poison_v else ""), flush=True)
         worst = max(worst, e_o, e_l, *errs)
+        if tie_at is not None:  # once per row in the forward, once per step and key slice in the backward
+            assert STATS["dropout_ties"] - ties0 >= 2, "the forced tie did not reach the y path"
     ROUND[0] = bf16
     assert STATS["tiles_skipped"] > 0 and STATS["blocks_skipped"] > 0, f"no key_mask tile skip exercised: {STATS}"
     assert STATS["dbias_red"] > 0
@@ -888,16 +1043,25 @@ def check_extras(rng):
 
 
 def check_dropout_vectors():
-    """The Philox transcription agrees with the contract's table (test/data/dropout_vectors.txt)."""
-    n = 0
-    for line in philox_ref.VECTORS.read_text().splitlines():
-        f = line.split()
-        if f and f[0] == "draw":
-            k0, k1, bb, hh, ii, jj, val = (int(x, 16) for x in f[1:])
-            w = philox([np.array([jj >> 2]), np.array([ii]), hh, bb], k0, k1)
-            assert int(w[jj & 3][0]) == val, line
-            n += 1
-    assert n > 0
+    """The kernels' transcription of the mask (x's and y's halves, Dropout::keep) agrees with the
+    contract's table (test/data/dropout_vectors.txt)."""
+    rows = [[int(x, 16) for x in line.split()[1:]] for line in philox_ref.VECTORS.read_text().splitlines()
+            if line.split()[:1] == ["draw"]]
+    assert rows
+    k0s, k1s, bb, hh, ii, jj, val = (np.array(c, np.uint64) for c in zip(*rows))
+    octv, w, hf = jj >> np.uint64(3), ((jj >> np.uint64(1)) & np.uint64(3)).astype(np.int64), (jj & np.uint64(1)).astype(np.int64)
+    x = philox([octv, ii, hh, bb], k0s, k1s)
+    y = philox([octv + np.uint64(1 << 31), ii, hh, bb], k0s, k1s)
+    sh = np.uint64(16) * hf.astype(np.uint64)
+    draw = (((philox_word(x, w) >> sh) & np.uint64(0xFFFF)) << np.uint64(16)) | ((philox_word(y, w) >> sh) & np.uint64(0xFFFF))
+    bad = np.flatnonzero(draw != val)
+    assert bad.size == 0, f"draw differs from the table at {[rows[i] for i in bad[:3]]}"
+    # Dropout::keep at thresholds on the draws: the upper halves tie and y decides.
+    for thr, want in ((val, np.ones(val.shape, bool)), (val + np.uint64(1), np.zeros(val.shape, bool)),
+                      (val & np.uint64(0xFFFF0000), np.ones(val.shape, bool)), (val | np.uint64(0xFFFF), (val & np.uint64(0xFFFF)) == np.uint64(0xFFFF))):
+        ok = thr <= np.uint64(U32)
+        got = entry_keep((k0s, k1s, np.minimum(thr, np.uint64(U32))), bb, hh, ii, jj)
+        assert np.array_equal(got[ok], want[ok]), "Dropout::keep on a tied threshold differs from the table"
 
 
 def main():
@@ -909,6 +1073,7 @@ def main():
     check_rows_keys()
     check_transpose4()
     check_dropout_vectors()
+    check_dropout_fragments()
     rng = np.random.default_rng(1)
     worst_extras = check_extras(np.random.default_rng(7))
     M = (1 << 63) - 1

@@ -39,11 +39,20 @@ EXLA_RS_DEVICE Philox4 philox4x32_10(unsigned c0, unsigned c1, unsigned c2, unsi
   return o;
 }
 
-// The draws of keys 4q .. 4q + 3 of mask row (b, h, i): one Philox call, counter (q, i, h, b),
-// where q = j div 4 and word j mod 4 is key j's draw. h is the QUERY head; i the row index (not
-// q_start + i). Every index is taken as a u32 (the contract's domain).
-EXLA_RS_DEVICE Philox4 dropout_draws4(unsigned k0, unsigned k1, unsigned b, unsigned h, unsigned i, unsigned quad) {
-  return philox4x32_10(quad, i, h, b, k0, k1);
+// The mask (contract "Dropout", "The mask"): entry (b, h, i, j) draws half(x, j) << 16 | half(y, j)
+// with x = Philox(ctr (j div 8, i, h, b)), y = Philox(ctr (2^31 + j div 8, i, h, b)) and
+// half(w, j) = the 16-bit half j mod 2 (0 = low) of word (j mod 8) div 2; kept iff draw >= T. So
+// one x call covers the upper halves of 8 keys (an "octet"), and they decide alone unless
+// half(x, j) == T >> 16 (probability 2^-16): only then is y computed, for that key. h is the QUERY
+// head; i the row index (not q_start + i). Every index is taken as a u32 (the contract's domain).
+EXLA_RS_DEVICE Philox4 dropout_x(unsigned k0, unsigned k1, unsigned b, unsigned h, unsigned i, unsigned oct) {
+  return philox4x32_10(oct, i, h, b, k0, k1);
+}
+
+// Word w (0..3, runtime) of a Philox output with selects: indexing the array with a runtime value
+// would place it in local memory (a stack frame).
+EXLA_RS_DEVICE unsigned philox_word(const Philox4& r, int w) {
+  return w == 0 ? r.x[0] : (w == 1 ? r.x[1] : (w == 2 ? r.x[2] : r.x[3]));
 }
 
 // The dropout state a kernel needs, read once from the argument block: the key lives in device
@@ -60,29 +69,61 @@ struct Dropout {
     d.scale = x.dropout_scale;
     return d;
   }
-  // M = 1 (kept) iff the draw is >= floor(rate * 2^32): integer compare only, as the contract says.
-  EXLA_RS_DEVICE bool keep(unsigned draw) const { return draw >= threshold; }
-  // One entry's keep bit: (b, h, i, j) with j < 2^34 (j div 4 is the counter's first word).
+  // The rare path: the key whose upper half (half hh of word w of x, counter (oct, i, h, b)) equals
+  // T >> 16 is kept iff its lower half, the same half of y's word w, is >= T & 0xFFFF.
+  EXLA_RS_DEVICE bool tie_keep(unsigned b, unsigned h, unsigned i, unsigned oct, int w, int hh) const {
+    const Philox4 y = philox4x32_10(oct + 0x80000000u, i, h, b, k0, k1);  // oct < 2^31: the top bit set
+    return ((philox_word(y, w) >> (16 * hh)) & 0xFFFFu) >= (threshold & 0xFFFFu);
+  }
+  // One entry's keep bit: (b, h, i, j) with j < 2^34 (j div 8 is the counter's first word).
   EXLA_RS_DEVICE bool keep(unsigned b, unsigned h, unsigned i, long long j) const {
-    const Philox4 r = dropout_draws4(k0, k1, b, h, i, (unsigned)(j >> 2));
-    return keep(r.x[j & 3]);
+    const unsigned oct = (unsigned)(j >> 3);
+    const int w = (int)(j >> 1) & 3, hh = (int)j & 1;
+    const unsigned up = (philox_word(dropout_x(k0, k1, b, h, i, oct), w) >> (16 * hh)) & 0xFFFFu, t = threshold >> 16;
+    return up != t ? up > t : tie_keep(b, h, i, oct, w, hh);
+  }
+  // The keep bits of the 8 keys whose upper halves are in a[0..3]: a[c] is word w of x of counter
+  // (oct0 + (c >> 1), i0 + (c & 1) * i_step, h, b), and bit 2c + hh is its key of half hh (key
+  // 8 (oct0 + (c >> 1)) + 2w + hh). Eight compares; y only for a tie (at most one per tied key).
+  EXLA_RS_DEVICE unsigned keep8(const unsigned (&a)[4], int w, unsigned oct0, unsigned i0, unsigned i_step, unsigned b,
+                                unsigned h) const {
+    const unsigned t = threshold >> 16;
+    unsigned bits = 0, tie = 0;
+#pragma unroll
+    for (int c = 0; c < 4; ++c)
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const unsigned up = hh ? a[c] >> 16 : a[c] & 0xFFFFu;
+        bits |= (unsigned)(up > t) << (2 * c + hh);
+        tie |= (unsigned)(up == t) << (2 * c + hh);
+      }
+#pragma unroll 1  // rare (2^-16 per key) and divergent: one copy of the Philox rounds
+    while (tie != 0) {
+      const int k = __ffs(tie) - 1, c = k >> 1;
+      tie &= tie - 1;
+      bits |= (unsigned)tie_keep(b, h, i0 + (unsigned)(c & 1) * i_step, oct0 + (unsigned)(c >> 1), w, k & 1) << k;
+    }
+    return bits;
   }
 };
 
-// The 4 x 4 transpose of u32 words across the 4 lanes of a group whose lane ids differ in bits 2
-// and 3 (lane = 4 g + tig, w = g & 3): lane w enters with a[k] = word k of Philox call w and leaves
-// with a[e] = word w of call e. Two butterfly levels (lane distance 4, then 8); at each, a lane
-// swaps with its partner the two words whose index bit differs from its own w bit.
+// The 4 x 4 transpose of u32 words across 4 lanes whose lane ids differ in bits log2(kStride) and
+// log2(kStride) + 1 (lane w of the group has w = (lane / kStride) & 3): lane w enters with a[k] =
+// word k of Philox call w and leaves with a[e] = word w of call e. Two butterfly levels (lane
+// distance kStride, then 2 kStride); at each, a lane swaps with its partner the two words whose
+// index bit differs from its own w bit. The forward uses kStride 1 (the 4 lanes of an mma quad),
+// the backward kStride 8 (lanes g = 2w + p, same p and tig).
+template <int kStride>
 EXLA_RS_DEVICE void transpose4_lanes(unsigned (&a)[4], int w) {
   const bool w1 = w & 1, w2 = w & 2;
 #pragma unroll
-  for (int t = 0; t < 2; ++t) {  // index bit 0, partner lane ^ 4
-    const unsigned got = __shfl_xor_sync(0xffffffffu, w1 ? a[2 * t] : a[2 * t + 1], 4);
+  for (int t = 0; t < 2; ++t) {  // index bit 0, partner lane ^ kStride
+    const unsigned got = __shfl_xor_sync(0xffffffffu, w1 ? a[2 * t] : a[2 * t + 1], kStride);
     if (w1) a[2 * t] = got; else a[2 * t + 1] = got;
   }
 #pragma unroll
-  for (int t = 0; t < 2; ++t) {  // index bit 1, partner lane ^ 8
-    const unsigned got = __shfl_xor_sync(0xffffffffu, w2 ? a[t] : a[t + 2], 8);
+  for (int t = 0; t < 2; ++t) {  // index bit 1, partner lane ^ 2 kStride
+    const unsigned got = __shfl_xor_sync(0xffffffffu, w2 ? a[t] : a[t + 2], 2 * kStride);
     if (w2) a[t] = got; else a[t + 2] = got;
   }
 }

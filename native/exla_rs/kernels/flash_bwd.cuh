@@ -36,23 +36,37 @@ struct BwdTraits {
 };
 
 // Dropout keep bits of this thread's S^T fragment for one step: bit j*4 + e = element (j, e) (query
-// m0 + j*8 + tig*2 + (e & 1), key key_a + (e >> 1)*8) is kept. The 4 lanes with the same tig and
-// g div 4 need all 4 words of the same Philox calls (their keys are 4 consecutive ones, word g mod 4
-// each): lane w = g mod 4 computes the call of element e = w and a 4 x 4 transpose across the
-// group hands every lane its word of each call: one Philox per 4 elements instead of 4.
+// m0 + j*8 + tig*2 + (e & 1), key key_a + (e >> 1)*8, key_a = key_warp0 + g) is kept. One x call
+// covers a query's 8 keys key_warp0 + 8k .. + 7 (k = e >> 1), and lane g = 2w + p holds key 2w + p
+// of the octet: half p of word w. Per pair of steps (j = 2jp, 2jp + 1), the 8 lanes with the same
+// tig need 8 calls (2 steps x 2 queries x 2 octets): lane (w, p) computes call c = w of step
+// 2jp + p (query + (c & 1), octet k = c >> 1); a 4 x 4 transpose over w (lane distances 8, 16)
+// hands lane (w, p) word w of the 4 calls of step 2jp + p, whose halves p are its own keep bits
+// and halves p ^ 1 those of lane (w, p ^ 1) for that step: decided here (y only on a tie), they
+// travel as 4 bits in one shuffle (lane ^ 4). 1 Philox call per 8 elements instead of 4.
 template <int BM>
 EXLA_RS_DEVICE unsigned dropout_keep_bits_t(const Dropout& dr, int b, int h, int m0, int key_warp0, int g, int tig) {
-  const int w = g & 3;
-  const unsigned quad = (unsigned)((key_warp0 + (g & ~3) + (w >> 1) * 8) >> 2);
+  constexpr int NJ = BM / 8;
+  static_assert(NJ <= 8, "4 keep bits per step row block in one u32");
+  const int w = g >> 1, p = g & 1;
+  const unsigned oct0 = (unsigned)key_warp0 >> 3;  // key_warp0 = n0 + 16 ks: a multiple of 8
   unsigned bits = 0;
-#pragma unroll 1  // the Philox rounds are long: one copy in the code, not BM / 8
-  for (int j = 0; j < BM / 8; ++j) {
-    const unsigned query = (unsigned)(m0 + j * 8 + tig * 2 + (w & 1));
-    const Philox4 r = dropout_draws4(dr.k0, dr.k1, (unsigned)b, (unsigned)h, query, quad);
+#pragma unroll 1  // the Philox rounds are long: one copy in the code
+  for (int jp = 0; jp < (NJ + 1) / 2; ++jp) {
+    // With NJ odd, lanes p = 1 of the last pair compute step NJ: its bits (4 NJ .. 4 NJ + 3, inside
+    // the u32 for NJ <= 7) are never read.
+    const int j = 2 * jp + p;
+    const unsigned q0 = (unsigned)(m0 + j * 8 + tig * 2);  // call c: query q0 + (c & 1), octet oct0 + (c >> 1)
+    const Philox4 r = dropout_x(dr.k0, dr.k1, (unsigned)b, (unsigned)h, q0 + (unsigned)(w & 1), oct0 + (unsigned)(w >> 1));
     unsigned a[4] = {r.x[0], r.x[1], r.x[2], r.x[3]};
-    transpose4_lanes(a, w);
-#pragma unroll
-    for (int e = 0; e < 4; ++e) bits |= (unsigned)dr.keep(a[e]) << (j * 4 + e);
+    transpose4_lanes<8>(a, w);
+    const unsigned k8 = dr.keep8(a, w, oct0, q0, 1u, (unsigned)b, (unsigned)h);  // bit 2c + hh
+    // The 4 bits of one half (2c + hh for c = 0..3) packed as bit c.
+    const unsigned mine = k8 >> p, give = k8 >> (p ^ 1);
+    const unsigned mine4 = (mine & 1u) | ((mine >> 1) & 2u) | ((mine >> 2) & 4u) | ((mine >> 3) & 8u);
+    const unsigned give4 = (give & 1u) | ((give >> 1) & 2u) | ((give >> 2) & 4u) | ((give >> 3) & 8u);
+    const unsigned got4 = __shfl_xor_sync(0xffffffffu, give4, 4);  // lane (w, p ^ 1)'s halves p, step j ^ 1
+    bits |= (mine4 << (4 * j)) | (got4 << (4 * (j ^ 1)));
   }
   return bits;
 }
@@ -260,6 +274,15 @@ __device__ __forceinline__ void flash_bwd(const BwdParams& p) {
         kbad[1] = sKbad[ks * 16 + g + 8] != 0;
       }
 
+      // Dropout keep bits of the step (all ones without dropout). With BM = 64 (D <= 96) they are
+      // found before S^T and dP^T take their registers: after them, the Philox state and the tie
+      // path's values spilled bwd_*_d96 on sm_86/89. With BM = 32 they are found after (before
+      // them spilled bwd_*_d192 on sm_90): ptxas -v, every head dim and arch of the build.
+      constexpr bool kDropEarly = BM == 64;
+      const bool has_drop = x.dropout_key != nullptr;
+      unsigned keep_bits = ~0u;
+      if (kDropEarly && has_drop) keep_bits = dropout_keep_bits_t<BM>(Dropout::load(x), b, h, m0, n0 + ks * 16, g, tig);
+
       // S^T and dP^T for this warp's 16 keys x BM queries.
       float st[BM / 8][4], dpt[BM / 8][4];
 #pragma unroll
@@ -294,8 +317,8 @@ __device__ __forceinline__ void flash_bwd(const BwdParams& p) {
         // The same step with the contract's optional features: z = s + bias + alibi (exp2 domain),
         // P^T <- P^T * M * scale_drop, dZ = P (M * scale_drop * dP - delta), dS = dZ softcap'(s),
         // and dZ into dbias_accum (summed over the broadcast dimensions this thread/warp covers).
-        const bool has_drop = x.dropout_key != nullptr, has_alibi = x.alibi_slopes != nullptr;
-        const unsigned keep_bits = has_drop ? dropout_keep_bits_t<BM>(Dropout::load(x), b, h, m0, n0 + ks * 16, g, tig) : ~0u;
+        const bool has_alibi = x.alibi_slopes != nullptr;
+        if (!kDropEarly && has_drop) keep_bits = dropout_keep_bits_t<BM>(Dropout::load(x), b, h, m0, n0 + ks * 16, g, tig);
         const float drop_scale = has_drop ? x.dropout_scale : 1.f;
         const float slope_l2 = has_alibi ? -x.alibi_slopes[h] * kLog2e : 0.f;
         const int rel = alibi_rel(mask.q_start + m0 + tig * 2, key_a);  // position - key of element (0, 0)

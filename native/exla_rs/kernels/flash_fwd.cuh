@@ -57,27 +57,34 @@ EXLA_RS_DEVICE void add_alibi_tile(float (&s)[BN / 8][4], float slope_l2, long l
 }
 
 // Dropout on this thread's P fragment of one key tile: P <- P * M (the 1 / (1 - rate) is applied in
-// the epilogue). Keys j*8 + tig*2 + {0, 1} of both rows need words (tig & 1)*2 + {0, 1} of one
-// Philox call per row (counter (key / 4, row, h, b)), and the partner thread tig ^ 1 needs the other
-// two words of the same calls: so each thread of the pair computes one row's call (even tig row_a,
-// odd tig row_a + 8) and they swap the half the other needs (2 shuffles instead of 2x the Philox).
+// the epilogue). Element (j, 2r + hh) is row row_a + 8r, key n0 + 8j + 2tig + hh: the upper halves of
+// n-tile j of one row are exactly one x call (counter (n0 / 8 + j, row, h, b)), and this thread's two
+// keys are the two halves of its word tig. So per pair of n-tiles the quad needs 4 calls (2 rows x 2
+// n-tiles): lane tig computes call c = tig (n-tile 2jp + (c >> 1), row row_a + 8 (c & 1)), and a 4 x 4
+// transpose across the quad hands every lane word tig of each: 1 Philox call per 8 elements (and y
+// only where an upper half ties with the threshold's). The keep bits (bit 4j + e) are found in a
+// rolled loop, one copy of the rounds, then applied with constant fragment indices.
 template <int BN>
 EXLA_RS_DEVICE void dropout_tile(float (&s)[BN / 8][4], const Dropout& dr, int b, int h, int row_a, int n0, int tig) {
-  const bool odd = tig & 1;
-  const unsigned my_row = (unsigned)(row_a + (odd ? 8 : 0));
-#pragma unroll
-  for (int j = 0; j < BN / 8; ++j) {
-    const unsigned quad = (unsigned)((n0 + j * 8) >> 2) + (unsigned)(tig >> 1);
-    const Philox4 w = dropout_draws4(dr.k0, dr.k1, (unsigned)b, (unsigned)h, my_row, quad);
-    const unsigned give0 = odd ? w.x[0] : w.x[2], give1 = odd ? w.x[1] : w.x[3];
-    const unsigned got0 = __shfl_xor_sync(0xffffffffu, give0, 1), got1 = __shfl_xor_sync(0xffffffffu, give1, 1);
-    const unsigned a0 = odd ? got0 : w.x[0], a1 = odd ? got1 : w.x[1];  // row_a, keys +0, +1
-    const unsigned b0 = odd ? w.x[2] : got0, b1 = odd ? w.x[3] : got1;  // row_a + 8
-    if (!dr.keep(a0)) s[j][0] = 0.f;
-    if (!dr.keep(a1)) s[j][1] = 0.f;
-    if (!dr.keep(b0)) s[j][2] = 0.f;
-    if (!dr.keep(b1)) s[j][3] = 0.f;
+  constexpr int NJ = BN / 8;
+  static_assert(NJ <= 8, "4 keep bits per n-tile in one u32");
+  const unsigned oct0 = (unsigned)n0 >> 3;  // n0 is a multiple of BN
+  unsigned bits = 0;
+#pragma unroll 1
+  for (int jp = 0; jp < (NJ + 1) / 2; ++jp) {
+    // With NJ odd, the last pair's calls of n-tile NJ are computed and their bits (4 NJ .. 4 NJ + 3,
+    // inside the u32 for NJ <= 7) never read.
+    const Philox4 r = dropout_x(dr.k0, dr.k1, (unsigned)b, (unsigned)h, (unsigned)(row_a + 8 * (tig & 1)),
+                                oct0 + (unsigned)(2 * jp + (tig >> 1)));
+    unsigned a[4] = {r.x[0], r.x[1], r.x[2], r.x[3]};
+    transpose4_lanes<1>(a, tig);
+    bits |= dr.keep8(a, tig, oct0 + 2 * jp, (unsigned)row_a, 8u, (unsigned)b, (unsigned)h) << (8 * jp);
   }
+#pragma unroll
+  for (int j = 0; j < NJ; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
+      if (!((bits >> (4 * j + e)) & 1u)) s[j][e] = 0.f;
 }
 
 template <class T, int D>

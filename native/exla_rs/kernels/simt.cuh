@@ -30,13 +30,11 @@ EXLA_RS_DEVICE float dot_row(const float (&a)[D / 32], const typename T::Storage
   return warp_sum(s);
 }
 
-// M * s of entry (b, h, i, j). The draw is picked from the Philox words with selects: indexing
-// the array with j & 3 (Dropout::keep) would place it in local memory (a stack frame).
+// M * s of entry (b, h, i, j). Each lane holds its own (row, key), so each computes its own x call
+// (in a warp that is one Philox per 32 entries, as many as sharing octets by shuffle would take)
+// and y only on a tie; Dropout::keep picks the word with selects (no local-memory array index).
 EXLA_RS_DEVICE float simt_keep_scale(const Dropout& d, unsigned b, unsigned h, unsigned i, int j) {
-  const Philox4 r = dropout_draws4(d.k0, d.k1, b, h, i, (unsigned)j >> 2);
-  const int w = j & 3;
-  const unsigned draw = w == 0 ? r.x[0] : (w == 1 ? r.x[1] : (w == 2 ? r.x[2] : r.x[3]));
-  return d.keep(draw) ? d.scale : 0.f;
+  return d.keep(b, h, i, (long long)j) ? d.scale : 0.f;
 }
 
 // What one query row (b, h, i) adds to its scores and probabilities: everything but the mask
