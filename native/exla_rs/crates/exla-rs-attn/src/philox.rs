@@ -46,19 +46,42 @@ pub fn philox4x32_10(ctr: [u32; 4], key: [u32; 2]) -> [u32; 4] {
     c
 }
 
-/// The four draws of mask entries `(b, h, i, 4q .. 4q + 3)`: one Philox call, counter
-/// `(q, i, h, b)` (q = j div 4; each index taken as u32, the contract's domain being b, h, i < 2^32
-/// and j < 2^34). Word `j mod 4` is the draw of key `j`.
+/// Counter word 0 of the second stream (`y`, the draws' lower halves): the first stream's with
+/// the top bit set. The contract's `j < 2^34` keeps `j div 8` below it.
+pub const LOWER_STREAM: u32 = 1 << 31;
+
+/// The Philox output `x` of the eight mask entries `(b, h, i, 8·oct .. 8·oct + 7)`: counter
+/// `(oct, i, h, b)` (oct = j div 8; each index taken as u32). Its halves are the entries' upper
+/// 16 bits ([`half`]).
 #[inline]
-pub fn dropout_draws4(key: [u32; 2], b: u32, h: u32, i: u32, quad: u32) -> [u32; 4] {
-    philox4x32_10([quad, i, h, b], key)
+pub fn dropout_upper8(key: [u32; 2], b: u32, h: u32, i: u32, oct: u32) -> [u32; 4] {
+    debug_assert!(oct < LOWER_STREAM);
+    philox4x32_10([oct, i, h, b], key)
 }
 
-/// The u32 draw of mask entry `(b, h, i, j)` (query head `h`, not the key/value head).
+/// The Philox output `y` of the same eight entries: counter `(2^31 + oct, i, h, b)`, the entries'
+/// lower 16 bits. The kernels need it only where an upper half ties with the threshold's.
+#[inline]
+pub fn dropout_lower8(key: [u32; 2], b: u32, h: u32, i: u32, oct: u32) -> [u32; 4] {
+    debug_assert!(oct < LOWER_STREAM);
+    philox4x32_10([LOWER_STREAM | oct, i, h, b], key)
+}
+
+/// `half(w, j)`: the 16 bits of an eight-key Philox output that belong to key `j` (half `j mod 2`
+/// of word `(j mod 8) div 2`; as eight little-endian u16 the words are in key order).
+#[inline]
+pub fn half(w: &[u32; 4], j: usize) -> u32 {
+    (w[(j >> 1) & 3] >> (16 * (j & 1))) & 0xFFFF
+}
+
+/// The u32 draw of mask entry `(b, h, i, j)` (query head `h`, not the key/value head):
+/// `half(x, j)·2^16 + half(y, j)`.
 #[inline]
 pub fn dropout_draw(key: [u32; 2], b: u32, h: u32, i: u32, j: u64) -> u32 {
     debug_assert!(j < 1 << 34, "key index {j} outside the contract's j < 2^34");
-    dropout_draws4(key, b, h, i, (j >> 2) as u32)[(j & 3) as usize]
+    let oct = (j >> 3) as u32;
+    let lane = (j & 7) as usize;
+    half(&dropout_upper8(key, b, h, i, oct), lane) << 16 | half(&dropout_lower8(key, b, h, i, oct), lane)
 }
 
 /// The keep threshold of a rate: `floor(rate · 2^32)`, exact (scaling an f32 by a power of two
@@ -171,14 +194,17 @@ mod tests {
     }
 
     #[test]
-    fn draw_is_word_j_mod_4_of_counter_j_div_4_i_h_b() {
+    fn draw_is_the_halves_of_the_two_streams() {
         let key = [0x243f_6a88, 0x85a3_08d3];
-        let words = philox4x32_10([5, 9, 2, 1], key);
-        for lane in 0..4u64 {
-            assert_eq!(dropout_draw(key, 1, 2, 9, 20 + lane), words[lane as usize]);
+        let x = philox4x32_10([5, 9, 2, 1], key);
+        let y = philox4x32_10([5 | 1 << 31, 9, 2, 1], key);
+        for lane in 0..8usize {
+            let (hi, lo) = ((x[lane / 2] >> (16 * (lane % 2))) & 0xFFFF, (y[lane / 2] >> (16 * (lane % 2))) & 0xFFFF);
+            assert_eq!(dropout_draw(key, 1, 2, 9, 40 + lane as u64), hi << 16 | lo);
         }
-        // The top of the j range fills counter word 0.
-        assert_eq!(dropout_draw(key, 0, 0, 0, (1 << 34) - 1), philox4x32_10([u32::MAX, 0, 0, 0], key)[3]);
+        // The top of the j range: j div 8 = 2^31 - 1 in counter word 0, y's word 0 is 2^32 - 1.
+        let (x, y) = (philox4x32_10([(1 << 31) - 1, 0, 0, 0], key), philox4x32_10([u32::MAX, 0, 0, 0], key));
+        assert_eq!(dropout_draw(key, 0, 0, 0, (1 << 34) - 1), (x[3] >> 16) << 16 | y[3] >> 16);
     }
 
     #[test]

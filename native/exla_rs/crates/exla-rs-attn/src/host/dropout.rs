@@ -2,13 +2,16 @@
 //! entry `(b, h, i, j0 + c)` is kept and `0` where it is dropped (`crate::philox` defines the
 //! bits; this only computes them fast).
 //!
-//! Cost is what matters here: a tile row of `BC` keys takes `BC / 4` Philox4x32-10 calls, about as
-//! much integer work as the row's share of the score GEMM. The AVX2 generator runs eight Philox
-//! calls at once (eight consecutive key quads of one row, so their counters differ only in word
-//! 0), compares the draws with the threshold without a branch and transposes the four output
-//! words into key order. The scalar generator is the reference for it (see the tests).
+//! Cost is what matters here. An entry's draw is `half(x)·2^16 + half(y)` (two Philox streams,
+//! see the contract), but `draw >= T` is decided by the upper half `half(x)` alone unless it
+//! equals `T >> 16`, which happens with probability 2^-16. So the generators compute `x` (one
+//! Philox4x32-10 call per eight keys) and draw `y` only for a group of keys where an upper half
+//! ties. The AVX2 generator runs eight Philox calls at once (64 consecutive keys of one row, so
+//! their counters differ only in word 0), compares the 16-bit halves with the threshold's upper
+//! half without a branch, and widens the 16-bit masks to the row's floats; a 64-key step with a
+//! tie goes through the scalar generator, which is the reference for it (see the tests).
 
-use crate::philox::{dropout_draws4, Dropout};
+use crate::philox::{dropout_lower8, dropout_upper8, half, Dropout};
 
 /// The `Dropout` the kernels carry when there is none (never read then: the instances without
 /// dropout do not look at it).
@@ -24,19 +27,38 @@ pub(crate) type KeepRowFn = unsafe fn(out: *mut f32, d: &Dropout, b: u32, h: u32
 pub(crate) const STORE: bool = false;
 pub(crate) const MUL: bool = true;
 
-/// The scalar generator: one Philox call per key quad.
+/// Writes (`STORE`) or applies (`MUL`) keep scale `k` to `*o`.
+#[inline(always)]
+unsafe fn put_scalar<const MULTIPLY: bool>(o: *mut f32, k: f32) {
+    *o = if MULTIPLY { *o * k } else { k };
+}
+
+/// The scalar generator: one Philox call per eight-key group, and the lower-half call only for a
+/// group where some upper half ties with the threshold's.
 ///
 /// # Safety
 /// `out` holds `n` floats.
 pub(crate) unsafe fn keep_row_scalar<const MULTIPLY: bool>(out: *mut f32, d: &Dropout, b: u32, h: u32, i: u32, j0: usize, n: usize) {
     debug_assert!(j0 % 4 == 0 && n % 4 == 0);
-    for q in 0..n / 4 {
-        let x = dropout_draws4(d.key, b, h, i, ((j0 >> 2) + q) as u32);
-        for (w, &draw) in x.iter().enumerate() {
-            let k = if draw >= d.threshold { d.scale } else { 0.0 };
-            let o = out.add(4 * q + w);
-            *o = if MULTIPLY { *o * k } else { k };
+    let (t_hi, t_lo) = (d.threshold >> 16, d.threshold & 0xFFFF);
+    let mut c = 0;
+    while c < n {
+        let j = j0 + c;
+        let oct = (j >> 3) as u32;
+        let group_end = ((j | 7) + 1 - j0).min(n);
+        let x = dropout_upper8(d.key, b, h, i, oct);
+        let mut y = None;
+        for cc in c..group_end {
+            let lane = (j0 + cc) & 7;
+            let upper = half(&x, lane);
+            let kept = if upper != t_hi {
+                upper > t_hi
+            } else {
+                half(y.get_or_insert_with(|| dropout_lower8(d.key, b, h, i, oct)), lane) >= t_lo
+            };
+            put_scalar::<MULTIPLY>(out.add(cc), if kept { d.scale } else { 0.0 });
         }
+        c = group_end;
     }
 }
 
@@ -48,6 +70,7 @@ pub(crate) mod avx2 {
 
     /// `(hi, lo)` of the eight 32×32-bit products `a·m` (`m` splatted). `_mm256_mul_epu32`
     /// multiplies the even 32-bit lanes into 64 bits, so odd lanes go through a shifted copy.
+    /// (Keeping the state in 64-bit lanes instead, four calls per register, measured slower.)
     #[inline]
     #[target_feature(enable = "avx2")]
     unsafe fn mulhilo(a: __m256i, m: __m256i) -> (__m256i, __m256i) {
@@ -64,18 +87,18 @@ pub(crate) mod avx2 {
         ((p >> 32) as u32, p as u32)
     }
 
-    /// Philox4x32-10 of the counters `(q0 + lane, i, h, b)`, lanes 0..8: the output words
-    /// `(x0, x1, x2, x3)`, lane `l` of `x_w` being the draw of key `4·(q0 + l) + w`.
+    /// Philox4x32-10 of the counters `(oct0 + lane, i, h, b)`, lanes 0..8: the output words
+    /// `(x0, x1, x2, x3)` of eight eight-key groups, lane `l` belonging to keys `8·(oct0 + l) ..`.
     ///
     /// Words 1-3 of the counter are the same in every lane, so round 0's second product and
     /// round 1's first are lane-independent and done once in scalar.
     #[inline]
     #[target_feature(enable = "avx2")]
-    unsafe fn philox8(key: [u32; 2], b: u32, h: u32, i: u32, q0: u32) -> [__m256i; 4] {
+    unsafe fn philox8(key: [u32; 2], b: u32, h: u32, i: u32, oct0: u32) -> [__m256i; 4] {
         let (m0, m1) = (_mm256_set1_epi32(M0 as i32), _mm256_set1_epi32(M1 as i32));
-        let c0 = _mm256_add_epi32(_mm256_set1_epi32(q0 as i32), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+        let c0 = _mm256_add_epi32(_mm256_set1_epi32(oct0 as i32), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
         let [mut k0, mut k1] = key;
-        // Round 0: c = (q, i, h, b).
+        // Round 0: c = (oct, i, h, b).
         let (hi0, lo0) = mulhilo(c0, m0);
         let (hi1, lo1) = mulhilo1(M1, h);
         let c0s = hi1 ^ i ^ k0; // lane-independent
@@ -108,43 +131,90 @@ pub(crate) mod avx2 {
         c
     }
 
-    /// The AVX2 generator: [`super::KeepRowFn`] eight key quads (32 keys) per step.
+    /// The keep scales of the 64 keys `8·oct0 .. 8·oct0 + 64` of row `(b, h, i)`, as eight
+    /// vectors of eight consecutive keys; `None` when an upper half ties with the threshold's
+    /// (`t_hi`, splatted to 16-bit lanes): then only the lower halves decide, and the caller
+    /// takes the scalar generator, which draws them.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    unsafe fn keep64(d: &Dropout, t_hi: __m256i, scale: __m256, b: u32, h: u32, i: u32, oct0: u32) -> Option<[__m256; 8]> {
+        let [x0, x1, x2, x3] = philox8(d.key, b, h, i, oct0);
+        // 4×8 transpose: afterwards each 128-bit half holds one call's four words in order,
+        // i.e. (little-endian u16) the upper halves of its eight keys in key order.
+        let t0 = _mm256_unpacklo_epi32(x0, x1);
+        let t1 = _mm256_unpackhi_epi32(x0, x1);
+        let t2 = _mm256_unpacklo_epi32(x2, x3);
+        let t3 = _mm256_unpackhi_epi32(x2, x3);
+        let u = [
+            _mm256_unpacklo_epi64(t0, t2), // keys 0-7 | 32-39
+            _mm256_unpackhi_epi64(t0, t2), // keys 8-15 | 40-47
+            _mm256_unpacklo_epi64(t1, t3), // keys 16-23 | 48-55
+            _mm256_unpackhi_epi64(t1, t3), // keys 24-31 | 56-63
+        ];
+        let tie = u.iter().fold(_mm256_setzero_si256(), |acc, &u| _mm256_or_si256(acc, _mm256_cmpeq_epi16(u, t_hi)));
+        if _mm256_testz_si256(tie, tie) == 0 {
+            return None;
+        }
+        // No tie: kept iff upper half >= t_hi, unsigned (max(x, t) == x), as 16-bit masks that
+        // widen (sign-extend) to the 32-bit masks of the keys' floats.
+        let widen = |m: __m128i| _mm256_and_ps(_mm256_castsi256_ps(_mm256_cvtepi16_epi32(m)), scale);
+        let mut keep = [_mm256_setzero_ps(); 8];
+        for (k, &u) in u.iter().enumerate() {
+            let m = _mm256_cmpeq_epi16(_mm256_max_epu16(u, t_hi), u);
+            keep[k] = widen(_mm256_castsi256_si128(m));
+            keep[k + 4] = widen(_mm256_extracti128_si256::<1>(m));
+        }
+        Some(keep)
+    }
+
+    /// The AVX2 generator: [`super::KeepRowFn`] in steps of 64 keys aligned to eight-key groups.
     ///
     /// # Safety
     /// `out` holds `n` floats; the CPU has AVX2.
     #[target_feature(enable = "avx2")]
     pub(crate) unsafe fn keep_row<const MULTIPLY: bool>(out: *mut f32, d: &Dropout, b: u32, h: u32, i: u32, j0: usize, n: usize) {
         debug_assert!(j0 % 4 == 0 && n % 4 == 0);
-        // keep iff draw >= T, unsigned: max(draw, T) == draw.
-        let t = _mm256_set1_epi32(d.threshold as i32);
+        let t_hi = _mm256_set1_epi16((d.threshold >> 16) as u16 as i16);
         let scale = _mm256_set1_ps(d.scale);
-        let keep = |x: __m256i| _mm256_and_ps(_mm256_castsi256_ps(_mm256_cmpeq_epi32(_mm256_max_epu32(x, t), x)), scale);
-        let put = |o: *mut f32, k: __m256| {
-            let v = if MULTIPLY { _mm256_mul_ps(_mm256_loadu_ps(o), k) } else { k };
-            _mm256_storeu_ps(o, v)
-        };
-        let mut c = 0;
-        while c + 32 <= n {
-            let [x0, x1, x2, x3] = philox8(d.key, b, h, i, ((j0 + c) >> 2) as u32);
-            // 4×8 transpose into key order (see the module comment): after the unpacks each
-            // 128-bit half holds four consecutive keys' words.
-            let t0 = _mm256_unpacklo_epi32(x0, x1);
-            let t1 = _mm256_unpackhi_epi32(x0, x1);
-            let t2 = _mm256_unpacklo_epi32(x2, x3);
-            let t3 = _mm256_unpackhi_epi32(x2, x3);
-            let u0 = _mm256_unpacklo_epi64(t0, t2); // keys 0-3 | 16-19
-            let u1 = _mm256_unpackhi_epi64(t0, t2); // keys 4-7 | 20-23
-            let u2 = _mm256_unpacklo_epi64(t1, t3); // keys 8-11 | 24-27
-            let u3 = _mm256_unpackhi_epi64(t1, t3); // keys 12-15 | 28-31
-            let o = out.add(c);
-            put(o, keep(_mm256_permute2x128_si256::<0x20>(u0, u1)));
-            put(o.add(8), keep(_mm256_permute2x128_si256::<0x20>(u2, u3)));
-            put(o.add(16), keep(_mm256_permute2x128_si256::<0x31>(u0, u1)));
-            put(o.add(24), keep(_mm256_permute2x128_si256::<0x31>(u2, u3)));
-            c += 32;
+        let end = j0 + n;
+        let mut g = j0 & !7;
+        while g < end {
+            if g >= j0 && g + 64 <= end {
+                // The whole step is in the span (every step of a full tile row).
+                match keep64(d, t_hi, scale, b, h, i, (g >> 3) as u32) {
+                    Some(keep) => {
+                        for (k, &v) in keep.iter().enumerate() {
+                            let o = out.add(g - j0 + 8 * k);
+                            _mm256_storeu_ps(o, if MULTIPLY { _mm256_mul_ps(_mm256_loadu_ps(o), v) } else { v });
+                        }
+                    }
+                    None => super::keep_row_scalar::<MULTIPLY>(out.add(g - j0), d, b, h, i, g, 64),
+                }
+            } else {
+                keep_part::<MULTIPLY>(out, d, t_hi, scale, b, h, i, j0, end, g);
+            }
+            g += 64;
         }
-        if c < n {
-            super::keep_row_scalar::<MULTIPLY>(out.add(c), d, b, h, i, j0 + c, n - c);
+    }
+
+    /// A step that covers only part of the span `j0..end` (its ends: a row that sees part of a
+    /// tile): the 64 keys from `g` through a stack buffer, or the scalar generator on a tie.
+    /// Kept out of line so that the full steps' loop stays small.
+    #[inline(never)]
+    #[allow(clippy::too_many_arguments)]
+    #[target_feature(enable = "avx2")]
+    unsafe fn keep_part<const MULTIPLY: bool>(out: *mut f32, d: &Dropout, t_hi: __m256i, scale: __m256, b: u32, h: u32, i: u32, j0: usize, end: usize, g: usize) {
+        // This step's keys inside the span: lo..hi (multiples of 4, as the scalar path needs).
+        let (lo, hi) = (j0.max(g), end.min(g + 64));
+        let Some(keep) = keep64(d, t_hi, scale, b, h, i, (g >> 3) as u32) else {
+            return super::keep_row_scalar::<MULTIPLY>(out.add(lo - j0), d, b, h, i, lo, hi - lo);
+        };
+        let mut buf = [0f32; 64];
+        for (k, &v) in keep.iter().enumerate() {
+            _mm256_storeu_ps(buf.as_mut_ptr().add(8 * k), v);
+        }
+        for j in lo..hi {
+            super::put_scalar::<MULTIPLY>(out.add(j - j0), buf[j - g]);
         }
     }
 }
@@ -163,29 +233,61 @@ pub(crate) fn keep_row_fn<const MULTIPLY: bool>(scalar: bool) -> KeepRowFn {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::philox::dropout_keep;
+    use crate::philox::{dropout_draw, dropout_keep};
+
+    /// Both generators, STORE and MUL, against the definition over keys `j0 .. j0 + n`.
+    fn check(d: &Dropout, b: u32, h: u32, i: u32, j0: usize, n: usize) {
+        for scalar in [true, false] {
+            let mut out = vec![f32::NAN; n];
+            // Random non-zero values the MUL generator scales in place.
+            let row: Vec<f32> = (0..n).map(|c| 0.5 + ((c * 37 + 11) % 97) as f32 / 97.0).collect();
+            let mut scaled = row.clone();
+            // SAFETY: n floats each.
+            unsafe {
+                keep_row_fn::<STORE>(scalar)(out.as_mut_ptr(), d, b, h, i, j0, n);
+                keep_row_fn::<MUL>(scalar)(scaled.as_mut_ptr(), d, b, h, i, j0, n);
+            }
+            for (c, &x) in out.iter().enumerate() {
+                let want = if dropout_keep(d.key, d.threshold, b, h, i, (j0 + c) as u64) { d.scale } else { 0.0 };
+                assert_eq!(x, want, "scalar {scalar} b {b} h {h} i {i} key {} (span {j0}+{n}, T {:#x})", j0 + c, d.threshold);
+                assert_eq!(scaled[c], row[c] * want, "MUL: scalar {scalar} b {b} h {h} i {i} key {}", j0 + c);
+            }
+        }
+    }
 
     #[test]
     fn generators_match_the_definition() {
         let d = Dropout::from_attributes(0.3, Some([0xdead_beef, 0x1234_5678])).unwrap().unwrap();
         let edge = Dropout::from_attributes(1.0 - f32::EPSILON / 2.0, Some([u32::MAX, u32::MAX])).unwrap().unwrap();
         for (d, b, h, i, j0) in [(d, 0, 0, 0, 0), (d, 3, 7, 129, 64), (d, u32::MAX, u32::MAX, u32::MAX, (1usize << 34) - 256), (edge, 1, 2, 3, 4)] {
-            for scalar in [true, false] {
-                let mut out = vec![f32::NAN; 100];
-                // Random non-zero values the MUL generator scales in place.
-                let row: Vec<f32> = (0..100).map(|c| 0.5 + ((c * 37 + 11) % 97) as f32 / 97.0).collect();
-                let mut scaled = row.clone();
-                // SAFETY: 100 floats each.
-                unsafe {
-                    keep_row_fn::<STORE>(scalar)(out.as_mut_ptr(), &d, b, h, i, j0, 100);
-                    keep_row_fn::<MUL>(scalar)(scaled.as_mut_ptr(), &d, b, h, i, j0, 100);
+            check(&d, b, h, i, j0, 100);
+        }
+        // Spans that start in the middle of an eight-key group, end inside a 64-key step, or
+        // are shorter than one step (the forward's partially visible rows).
+        for (j0, n) in [(4, 4), (4, 12), (12, 60), (0, 64), (8, 64), (60, 68), (100, 132), (4, 188)] {
+            check(&d, 1, 2, 3, j0, n);
+        }
+    }
+
+    #[test]
+    fn ties_of_the_upper_half_are_decided_by_the_lower_stream() {
+        // A threshold equal to one entry's draw (kept: draw >= T) and one above it (dropped):
+        // that entry's upper half ties with T's, so the lower-half call decides. The other
+        // entries of the span, in the same 64-key step, must still be right.
+        let key = [0x243f_6a88, 0x85a3_08d3];
+        let (b, h, i) = (2, 5, 77);
+        for target in [0u64, 13, 64 + 7, 130] {
+            let draw = dropout_draw(key, b, h, i, target);
+            for (threshold, kept) in [(draw, true), (draw.wrapping_add(1), false)] {
+                if threshold == 0 {
+                    continue;
                 }
-                for (c, &x) in out.iter().enumerate() {
-                    let want = if dropout_keep(d.key, d.threshold, b, h, i, (j0 + c) as u64) { d.scale } else { 0.0 };
-                    assert_eq!(x, want, "scalar {scalar} b {b} h {h} i {i} key {}", j0 + c);
-                    assert_eq!(scaled[c], row[c] * want, "MUL: scalar {scalar} b {b} h {h} i {i} key {}", j0 + c);
-                }
+                let d = Dropout { key, rate: threshold as f32 / 4_294_967_296.0, threshold, scale: 1.25 };
+                assert_eq!(dropout_keep(key, threshold, b, h, i, target), kept);
+                check(&d, b, h, i, 0, 192);
+                check(&d, b, h, i, (target as usize & !3).saturating_sub(4), 12);
             }
         }
     }
 }
+
