@@ -23,6 +23,11 @@ pub(crate) const NO_DROPOUT: Dropout = Dropout { key: [0, 0], rate: 0.0, thresho
 /// key quads and are padded to whole quads).
 pub(crate) type KeepRowFn = unsafe fn(out: *mut f32, d: &Dropout, b: u32, h: u32, i: u32, j0: usize, n: usize);
 
+/// [`KeepRowFn`] over the rows of a tile: row `r` (query row `i0 + r`, at `s + r·ld`) gets keys
+/// `j0 + a .. j0 + e` in its columns `a .. e`, `(a, e) = spans[r]` (multiples of 4; `a >= e`:
+/// nothing). One call per tile lets the generator set up once and run two rows side by side.
+pub(crate) type KeepTileFn = unsafe fn(s: *mut f32, ld: usize, spans: &[(usize, usize)], d: &Dropout, b: u32, h: u32, i0: u32, j0: usize);
+
 /// What a generator does with the keep scales.
 pub(crate) const STORE: bool = false;
 pub(crate) const MUL: bool = true;
@@ -62,6 +67,19 @@ pub(crate) unsafe fn keep_row_scalar<const MULTIPLY: bool>(out: *mut f32, d: &Dr
     }
 }
 
+/// The scalar tile generator: [`keep_row_scalar`] row by row.
+///
+/// # Safety
+/// Row `r` of `s` (`ld` floats apart) holds `spans[r].1` floats.
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn keep_tile_scalar<const MULTIPLY: bool>(s: *mut f32, ld: usize, spans: &[(usize, usize)], d: &Dropout, b: u32, h: u32, i0: u32, j0: usize) {
+    for (r, &(a, e)) in spans.iter().enumerate() {
+        if a < e {
+            keep_row_scalar::<MULTIPLY>(s.add(r * ld + a), d, b, h, i0 + r as u32, j0 + a, e - a);
+        }
+    }
+}
+
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx2 {
     use std::arch::x86_64::*;
@@ -87,84 +105,86 @@ pub(crate) mod avx2 {
         ((p >> 32) as u32, p as u32)
     }
 
-    /// Philox4x32-10 of the counters `(oct0 + lane, i, h, b)`, lanes 0..8: the output words
-    /// `(x0, x1, x2, x3)` of eight eight-key groups, lane `l` belonging to keys `8·(oct0 + l) ..`.
+    /// Philox4x32-10 of the counters `(oct0 + lane, i[r], h, b)`, lanes 0..8, for `R` rows at
+    /// once: per row the output words `(x0, x1, x2, x3)` of eight eight-key groups, lane `l`
+    /// belonging to keys `8·(oct0 + l) ..`. The rows' rounds are independent chains of
+    /// multiply latency, so running two side by side keeps the multipliers busy; the round keys
+    /// are splatted once for all rows.
     ///
-    /// Words 1-3 of the counter are the same in every lane, so round 0's second product and
-    /// round 1's first are lane-independent and done once in scalar.
+    /// Words 2-3 of the counter are the same in every lane (word 1 too, within a row), so round
+    /// 0's second product and round 1's first are lane-independent and done once in scalar.
     #[inline]
     #[target_feature(enable = "avx2")]
-    unsafe fn philox8(key: [u32; 2], b: u32, h: u32, i: u32, oct0: u32) -> [__m256i; 4] {
+    unsafe fn philox8<const R: usize>(key: [u32; 2], b: u32, h: u32, i: [u32; R], oct0: u32) -> [[__m256i; 4]; R] {
         let (m0, m1) = (_mm256_set1_epi32(M0 as i32), _mm256_set1_epi32(M1 as i32));
         let c0 = _mm256_add_epi32(_mm256_set1_epi32(oct0 as i32), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
         let [mut k0, mut k1] = key;
-        // Round 0: c = (oct, i, h, b).
+        // Round 0: c = (oct, i, h, b); its products are the same for every row.
         let (hi0, lo0) = mulhilo(c0, m0);
         let (hi1, lo1) = mulhilo1(M1, h);
-        let c0s = hi1 ^ i ^ k0; // lane-independent
-        let c1s = lo1;
         let c2 = _mm256_xor_si256(hi0, _mm256_set1_epi32((b ^ k1) as i32));
         let c3 = lo0;
-        // Round 1: the product of word 0 is lane-independent.
+        // Round 1: the product of word 0 is lane-independent (c0 = hi1 ^ i ^ k0 per row).
         k0 = k0.wrapping_add(W0);
         k1 = k1.wrapping_add(W1);
-        let (hi0s, lo0s) = mulhilo1(M0, c0s);
-        let (hi1, lo1) = mulhilo(c2, m1);
-        let mut c = [
-            _mm256_xor_si256(hi1, _mm256_set1_epi32((c1s ^ k0) as i32)),
-            lo1,
-            _mm256_xor_si256(c3, _mm256_set1_epi32((hi0s ^ k1) as i32)),
-            _mm256_set1_epi32(lo0s as i32),
-        ];
+        let (hi1r, lo1r) = mulhilo(c2, m1);
+        let mut c = [[_mm256_setzero_si256(); 4]; R];
+        for (c, &i) in c.iter_mut().zip(&i) {
+            let (hi0s, lo0s) = mulhilo1(M0, hi1 ^ i ^ key[0]);
+            *c = [
+                _mm256_xor_si256(hi1r, _mm256_set1_epi32((lo1 ^ k0) as i32)),
+                lo1r,
+                _mm256_xor_si256(c3, _mm256_set1_epi32((hi0s ^ k1) as i32)),
+                _mm256_set1_epi32(lo0s as i32),
+            ];
+        }
         for _ in 2..10 {
             k0 = k0.wrapping_add(W0);
             k1 = k1.wrapping_add(W1);
-            let (hi0, lo0) = mulhilo(c[0], m0);
-            let (hi1, lo1) = mulhilo(c[2], m1);
-            c = [
-                _mm256_xor_si256(_mm256_xor_si256(hi1, c[1]), _mm256_set1_epi32(k0 as i32)),
-                lo1,
-                _mm256_xor_si256(_mm256_xor_si256(hi0, c[3]), _mm256_set1_epi32(k1 as i32)),
-                lo0,
-            ];
+            let (sk0, sk1) = (_mm256_set1_epi32(k0 as i32), _mm256_set1_epi32(k1 as i32));
+            for c in c.iter_mut() {
+                let (hi0, lo0) = mulhilo(c[0], m0);
+                let (hi1, lo1) = mulhilo(c[2], m1);
+                *c = [_mm256_xor_si256(_mm256_xor_si256(hi1, c[1]), sk0), lo1, _mm256_xor_si256(_mm256_xor_si256(hi0, c[3]), sk1), lo0];
+            }
         }
         c
     }
 
-    /// The keep scales of the 64 keys `8·oct0 .. 8·oct0 + 64` of row `(b, h, i)`, as eight
-    /// vectors of eight consecutive keys; `None` when an upper half ties with the threshold's
-    /// (`t_hi`, splatted to 16-bit lanes): then only the lower halves decide, and the caller
-    /// takes the scalar generator, which draws them.
+    /// The keep scales of the 64 keys `8·oct0 .. 8·oct0 + 64` of `R` rows `(b, h, i[r])`, as
+    /// eight vectors of eight consecutive keys per row; `None` when an upper half of one of the
+    /// rows ties with the threshold's (`t_hi`, splatted to 16-bit lanes): then only the lower
+    /// halves decide, and the caller takes the scalar generator, which draws them.
     #[inline]
     #[target_feature(enable = "avx2")]
-    unsafe fn keep64(d: &Dropout, t_hi: __m256i, scale: __m256, b: u32, h: u32, i: u32, oct0: u32) -> Option<[__m256; 8]> {
-        let [x0, x1, x2, x3] = philox8(d.key, b, h, i, oct0);
-        // 4×8 transpose: afterwards each 128-bit half holds one call's four words in order,
-        // i.e. (little-endian u16) the upper halves of its eight keys in key order.
-        let t0 = _mm256_unpacklo_epi32(x0, x1);
-        let t1 = _mm256_unpackhi_epi32(x0, x1);
-        let t2 = _mm256_unpacklo_epi32(x2, x3);
-        let t3 = _mm256_unpackhi_epi32(x2, x3);
-        let u = [
-            _mm256_unpacklo_epi64(t0, t2), // keys 0-7 | 32-39
-            _mm256_unpackhi_epi64(t0, t2), // keys 8-15 | 40-47
-            _mm256_unpacklo_epi64(t1, t3), // keys 16-23 | 48-55
-            _mm256_unpackhi_epi64(t1, t3), // keys 24-31 | 56-63
-        ];
-        let tie = u.iter().fold(_mm256_setzero_si256(), |acc, &u| _mm256_or_si256(acc, _mm256_cmpeq_epi16(u, t_hi)));
-        if _mm256_testz_si256(tie, tie) == 0 {
-            return None;
+    unsafe fn keep64<const R: usize>(d: &Dropout, t_hi: __m256i, scale: __m256, b: u32, h: u32, i: [u32; R], oct0: u32) -> Option<[[__m256; 8]; R]> {
+        let x = philox8::<R>(d.key, b, h, i, oct0);
+        let mut keep = [[_mm256_setzero_ps(); 8]; R];
+        let mut tie = _mm256_setzero_si256();
+        for ([x0, x1, x2, x3], keep) in x.into_iter().zip(keep.iter_mut()) {
+            // 4×8 transpose: afterwards each 128-bit half holds one call's four words in order,
+            // i.e. (little-endian u16) the upper halves of its eight keys in key order.
+            let t0 = _mm256_unpacklo_epi32(x0, x1);
+            let t1 = _mm256_unpackhi_epi32(x0, x1);
+            let t2 = _mm256_unpacklo_epi32(x2, x3);
+            let t3 = _mm256_unpackhi_epi32(x2, x3);
+            let u = [
+                _mm256_unpacklo_epi64(t0, t2), // keys 0-7 | 32-39
+                _mm256_unpackhi_epi64(t0, t2), // keys 8-15 | 40-47
+                _mm256_unpacklo_epi64(t1, t3), // keys 16-23 | 48-55
+                _mm256_unpackhi_epi64(t1, t3), // keys 24-31 | 56-63
+            ];
+            // Kept iff upper half >= t_hi, unsigned (max(x, t) == x), as 16-bit masks that
+            // widen (sign-extend) to the 32-bit masks of the keys' floats; exact unless a tie.
+            let widen = |m: __m128i| _mm256_and_ps(_mm256_castsi256_ps(_mm256_cvtepi16_epi32(m)), scale);
+            for (k, &u) in u.iter().enumerate() {
+                tie = _mm256_or_si256(tie, _mm256_cmpeq_epi16(u, t_hi));
+                let m = _mm256_cmpeq_epi16(_mm256_max_epu16(u, t_hi), u);
+                keep[k] = widen(_mm256_castsi256_si128(m));
+                keep[k + 4] = widen(_mm256_extracti128_si256::<1>(m));
+            }
         }
-        // No tie: kept iff upper half >= t_hi, unsigned (max(x, t) == x), as 16-bit masks that
-        // widen (sign-extend) to the 32-bit masks of the keys' floats.
-        let widen = |m: __m128i| _mm256_and_ps(_mm256_castsi256_ps(_mm256_cvtepi16_epi32(m)), scale);
-        let mut keep = [_mm256_setzero_ps(); 8];
-        for (k, &u) in u.iter().enumerate() {
-            let m = _mm256_cmpeq_epi16(_mm256_max_epu16(u, t_hi), u);
-            keep[k] = widen(_mm256_castsi256_si128(m));
-            keep[k + 4] = widen(_mm256_extracti128_si256::<1>(m));
-        }
-        Some(keep)
+        (_mm256_testz_si256(tie, tie) != 0).then_some(keep)
     }
 
     /// The AVX2 generator: [`super::KeepRowFn`] in steps of 64 keys aligned to eight-key groups.
@@ -181,8 +201,8 @@ pub(crate) mod avx2 {
         while g < end {
             if g >= j0 && g + 64 <= end {
                 // The whole step is in the span (every step of a full tile row).
-                match keep64(d, t_hi, scale, b, h, i, (g >> 3) as u32) {
-                    Some(keep) => {
+                match keep64::<1>(d, t_hi, scale, b, h, [i], (g >> 3) as u32) {
+                    Some([keep]) => {
                         for (k, &v) in keep.iter().enumerate() {
                             let o = out.add(g - j0 + 8 * k);
                             _mm256_storeu_ps(o, if MULTIPLY { _mm256_mul_ps(_mm256_loadu_ps(o), v) } else { v });
@@ -197,6 +217,44 @@ pub(crate) mod avx2 {
         }
     }
 
+    /// The AVX2 tile generator ([`super::KeepTileFn`]): two rows at a time where both see a
+    /// whole aligned 64-key step (every row of a full tile), the rest row by row.
+    ///
+    /// # Safety
+    /// Row `r` of `s` (`ld` floats apart) holds `spans[r].1` floats; the CPU has AVX2.
+    #[allow(clippy::too_many_arguments)]
+    #[target_feature(enable = "avx2")]
+    pub(crate) unsafe fn keep_tile<const MULTIPLY: bool>(s: *mut f32, ld: usize, spans: &[(usize, usize)], d: &Dropout, b: u32, h: u32, i0: u32, j0: usize) {
+        let t_hi = _mm256_set1_epi16((d.threshold >> 16) as u16 as i16);
+        let scale = _mm256_set1_ps(d.scale);
+        let whole = |r: usize| j0 % 8 == 0 && spans.get(r) == Some(&(0, 64));
+        let mut r = 0;
+        while r < spans.len() {
+            let i = i0 + r as u32;
+            if whole(r) && whole(r + 1) {
+                if let Some(keep) = keep64::<2>(d, t_hi, scale, b, h, [i, i + 1], (j0 >> 3) as u32) {
+                    for (rr, keep) in keep.iter().enumerate() {
+                        for (k, &v) in keep.iter().enumerate() {
+                            let o = s.add((r + rr) * ld + 8 * k);
+                            _mm256_storeu_ps(o, if MULTIPLY { _mm256_mul_ps(_mm256_loadu_ps(o), v) } else { v });
+                        }
+                    }
+                } else {
+                    // A tie in one of the two rows: each row on its own (the tie path is exact).
+                    keep_row::<MULTIPLY>(s.add(r * ld), d, b, h, i, j0, 64);
+                    keep_row::<MULTIPLY>(s.add((r + 1) * ld), d, b, h, i + 1, j0, 64);
+                }
+                r += 2;
+                continue;
+            }
+            let (a, e) = spans[r];
+            if a < e {
+                keep_row::<MULTIPLY>(s.add(r * ld + a), d, b, h, i, j0 + a, e - a);
+            }
+            r += 1;
+        }
+    }
+
     /// A step that covers only part of the span `j0..end` (its ends: a row that sees part of a
     /// tile): the 64 keys from `g` through a stack buffer, or the scalar generator on a tie.
     /// Kept out of line so that the full steps' loop stays small.
@@ -206,7 +264,7 @@ pub(crate) mod avx2 {
     unsafe fn keep_part<const MULTIPLY: bool>(out: *mut f32, d: &Dropout, t_hi: __m256i, scale: __m256, b: u32, h: u32, i: u32, j0: usize, end: usize, g: usize) {
         // This step's keys inside the span: lo..hi (multiples of 4, as the scalar path needs).
         let (lo, hi) = (j0.max(g), end.min(g + 64));
-        let Some(keep) = keep64(d, t_hi, scale, b, h, i, (g >> 3) as u32) else {
+        let Some([keep]) = keep64::<1>(d, t_hi, scale, b, h, [i], (g >> 3) as u32) else {
             return super::keep_row_scalar::<MULTIPLY>(out.add(lo - j0), d, b, h, i, lo, hi - lo);
         };
         let mut buf = [0f32; 64];
@@ -228,6 +286,16 @@ pub(crate) fn keep_row_fn<const MULTIPLY: bool>(scalar: bool) -> KeepRowFn {
     }
     let _ = scalar;
     keep_row_scalar::<MULTIPLY>
+}
+
+/// The tile generator for this CPU (see [`keep_row_fn`]).
+pub(crate) fn keep_tile_fn<const MULTIPLY: bool>(scalar: bool) -> KeepTileFn {
+    #[cfg(target_arch = "x86_64")]
+    if !scalar && is_x86_feature_detected!("avx2") {
+        return avx2::keep_tile::<MULTIPLY>;
+    }
+    let _ = scalar;
+    keep_tile_scalar::<MULTIPLY>
 }
 
 #[cfg(test)]
@@ -289,5 +357,42 @@ mod tests {
             }
         }
     }
+
+    #[test]
+    fn tile_generators_match_the_definition() {
+        // Rows of a 64-key tile: whole rows (in pairs and alone), partial spans, empty rows, and a
+        // tile that does not start on an eight-key group; thresholds with and without a tie.
+        let key = [0x0123_4567, 0x89ab_cdef];
+        let (b, h, i0) = (1, 3, 200);
+        let spans = [(0, 64), (0, 64), (0, 64), (4, 64), (0, 64), (0, 0), (0, 64), (0, 64), (8, 20), (0, 64), (32, 36), (0, 64)];
+        let tie_draw = dropout_draw(key, b, h, i0 + 7, 64 + 9); // row 7 (a pair's second row), key 9
+        for (threshold, j0) in [(0x1999_99a0, 64), (0xe000_0000, 128), (tie_draw, 64), (tie_draw + 1, 64), (0x4000_0000, 4)] {
+            let d = Dropout { key, rate: threshold as f32 / 4_294_967_296.0, threshold, scale: 1.5 };
+            for scalar in [true, false] {
+                let ld = 70;
+                let tile: Vec<f32> = (0..spans.len() * ld).map(|c| 0.25 + ((c * 53 + 7) % 89) as f32 / 89.0).collect();
+                let (mut stored, mut scaled) = (tile.clone(), tile.clone());
+                // SAFETY: every row has ld >= 64 floats.
+                unsafe {
+                    keep_tile_fn::<STORE>(scalar)(stored.as_mut_ptr(), ld, &spans, &d, b, h, i0, j0);
+                    keep_tile_fn::<MUL>(scalar)(scaled.as_mut_ptr(), ld, &spans, &d, b, h, i0, j0);
+                }
+                for (r, &(a, e)) in spans.iter().enumerate() {
+                    for c in 0..ld {
+                        let x = r * ld + c;
+                        if c < a || c >= e {
+                            assert_eq!((stored[x], scaled[x]), (tile[x], tile[x]), "untouched: row {r} col {c}");
+                            continue;
+                        }
+                        let i = i0 + r as u32;
+                        let want = if dropout_keep(key, threshold, b, h, i, (j0 + c) as u64) { d.scale } else { 0.0 };
+                        assert_eq!(stored[x], want, "scalar {scalar} row {r} key {} T {threshold:#x}", j0 + c);
+                        assert_eq!(scaled[x], tile[x] * want, "MUL: scalar {scalar} row {r} key {}", j0 + c);
+                    }
+                }
+            }
+        }
+    }
 }
+
 

@@ -10,7 +10,7 @@
 
 use rayon::prelude::*;
 
-use super::dropout::{keep_row_fn, KeepRowFn, MUL, NO_DROPOUT};
+use super::dropout::{keep_tile_fn, KeepTileFn, MUL, NO_DROPOUT};
 use super::extra::Prep;
 use super::kernels::{Gemm, Isa, RowExtra, LOG2_E, PAD};
 use super::{round_up, FwdInputs, FwdOutputs, HostElement, SyncPtr};
@@ -44,7 +44,7 @@ struct RowCtx<'p, 'a> {
     alibi2: f32,
     /// Dropout and its generator (read only in the `DROP` instances).
     dropout: Dropout,
-    keep_row: KeepRowFn,
+    keep_tile: KeepTileFn,
 }
 
 pub(super) fn run<T: HostElement, K: Isa>(shape: &AttnShape, opts: &AttnOptions, inp: FwdInputs<'_, T>, out: FwdOutputs<'_, T>, ex: &Extras<'_>) {
@@ -96,7 +96,7 @@ fn run_impl<T: HostElement, K: Isa, const EXT: bool, const DROP: bool>(shape: &A
     let prep = if EXT { Prep::new(shape, ex) } else { Prep::new(shape, &Extras::default()) };
     let prep = &prep;
     let dropout = ex.dropout.unwrap_or(NO_DROPOUT);
-    let keep_row = keep_row_fn::<MUL>(K::SCALAR);
+    let keep_tile = keep_tile_fn::<MUL>(K::SCALAR);
     // Per (batch·kv head, key tile): does V hold an inf/NaN there? Once here, so the tile loop
     // asks a bit instead of scanning BC·dp values for every (query block, tile).
     let vbad: Vec<bool> = vp.par_chunks(BC * dp).map(|t| t.iter().any(|x| !x.is_finite())).collect();
@@ -141,7 +141,7 @@ fn run_impl<T: HostElement, K: Isa, const EXT: bool, const DROP: bool>(shape: &A
                 let kt = &kt[bkv * ntk * d * BC..(bkv + 1) * ntk * d * BC];
                 let vp = &vp[bkv * ntk * BC * dp..(bkv + 1) * ntk * BC * dp];
                 let vbad = &vbad[bkv * ntk..(bkv + 1) * ntk];
-                let ctx = RowCtx { prep, b, hq, i0, q_start: qst as i64, alibi2: if EXT { prep.alibi2(hq) } else { 0.0 }, dropout, keep_row };
+                let ctx = RowCtx { prep, b, hq, i0, q_start: qst as i64, alibi2: if EXT { prep.alibi2(hq) } else { 0.0 }, dropout, keep_tile };
                 for tile in block.start / BC..block.end.div_ceil(BC) {
                     if EXT && !prep.tile_visible(b, tile) {
                         // key_mask hides every key of this tile from this batch row.
@@ -203,6 +203,9 @@ fn step<K: Isa, const EXT: bool, const DROP: bool>(scr: &mut Scratch, opts: &Att
     // Whether some row of the block sees only part of [clo, chi) (or nothing of it): then P has
     // exact zeros at keys those rows must not see, and the block gemm would multiply them by V.
     let mut partial = EXT;
+    // Under dropout: the columns of each row the generator scales (none for a row that adds
+    // nothing), applied to the whole tile after the loop.
+    let mut drop_spans = [(0usize, 0usize); BR];
     for r in 0..rows {
         let rg = scr.ranges[r];
         let a = rg.start.saturating_sub(j0).min(BC);
@@ -237,16 +240,18 @@ fn step<K: Isa, const EXT: bool, const DROP: bool>(scr: &mut Scratch, opts: &Att
         scr.l[r] = scr.l[r] * alpha + sum;
         scr.m[r] = m_new;
         if DROP {
-            // o takes P ∘ M · s; l (so lse) keeps the undropped sum: the softmax precedes dropout.
-            let i = (ctx.i0 + r) as u32;
             // Only the row's visible keys a..b (widened to whole quads) carry weight; the rest of
-            // srow is 0 and stays 0. The generator scales srow in place.
-            let (qa, qb) = (a & !3, (b + 3) & !3);
-            // SAFETY: srow holds BC floats, qb ≤ BC (BC is a multiple of 4); j0 + qa is a multiple of 4.
-            unsafe { (ctx.keep_row)(srow.as_mut_ptr().add(qa), &ctx.dropout, ctx.b as u32, ctx.hq as u32, i, j0 + qa, qb - qa) };
+            // srow is 0 and stays 0.
+            drop_spans[r] = (a & !3, (b + 3) & !3);
         }
         clo = clo.min(a);
         chi = chi.max(b);
+    }
+    if DROP {
+        // o takes P ∘ M · s; l (so lse) keeps the undropped sum: the softmax precedes dropout.
+        // The generator scales the rows in place, two rows side by side where it can.
+        // SAFETY: s is BR×BC; every span ends at ≤ BC (a multiple of 4), and j0 is a multiple of BC.
+        unsafe { (ctx.keep_tile)(scr.s.as_mut_ptr(), BC, &drop_spans[..rows], &ctx.dropout, ctx.b as u32, ctx.hq as u32, ctx.i0 as u32, j0) };
     }
     // 0 * inf = NaN: when such a tile's V holds an inf/NaN, each row multiplies only the keys it
     // sees (a row that sees one gets the non-finite result it should), so none reaches the others.
