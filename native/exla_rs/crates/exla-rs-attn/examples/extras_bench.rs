@@ -1,16 +1,22 @@
 //! Times the Host kernels with the optional operands against the same call without them, no XLA:
-//! `cargo run --release -p exla-rs-attn --example extras_bench [S] [reps]` (B=1, H=8, D=64, f32).
+//! `cargo run --release -p exla-rs-attn --example extras_bench [S] [reps] [config] [fwd]` (B=1, H=8,
+//! D=64, f32).
 //! Reports the best wall time and process CPU time of each configuration, run round-robin.
 
 use exla_rs_attn::host::{backward_ext, forward_ext, BwdInputs, BwdOutputs, FwdInputs, FwdOutputs};
 use exla_rs_attn::{AttnOptions, AttnShape, Bias, BiasData, BiasGrad, Extras};
 use std::time::Instant;
 
+/// Process CPU time (all threads) in seconds, at nanosecond resolution: the sum of each thread's
+/// run time from `/proc/self/task/*/schedstat` (`/proc/self/stat` counts 10 ms ticks). Rayon's
+/// workers live as long as the process, so the sum only ever grows between two reads.
 fn cpu_secs() -> f64 {
-    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
-    let after = stat.rsplit(')').next().unwrap_or("");
-    let f: Vec<f64> = after.split_whitespace().filter_map(|x| x.parse().ok()).collect();
-    if f.len() > 12 { (f[10] + f[11]) / 100.0 } else { 0.0 }
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else { return 0.0 };
+    tasks
+        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("schedstat")).ok())
+        .filter_map(|s| s.split_whitespace().next()?.parse::<f64>().ok())
+        .sum::<f64>()
+        * 1e-9
 }
 
 fn main() {
@@ -44,9 +50,15 @@ fn main() {
         ("alibi", Extras { alibi_slopes: Some(&slopes), ..Default::default() }, false),
         ("bias (no dbias)", Extras { bias: Some(Bias { data: BiasData::F32(&bias), dims: [1, h, s, s] }), ..Default::default() }, false),
         ("bias + dbias", Extras { bias: Some(Bias { data: BiasData::F32(&bias), dims: [1, h, s, s] }), ..Default::default() }, true),
+        // Smaller biases, for telling memory traffic from compute: one row per head ({1,H,1,S}, in
+        // cache) and one plane for all heads ({1,1,S,S}, 1/H of the bytes).
+        ("bias {1,H,1,S}", Extras { bias: Some(Bias { data: BiasData::F32(&bias[..h * s]), dims: [1, h, 1, s] }), ..Default::default() }, false),
+        ("bias {1,1,S,S}", Extras { bias: Some(Bias { data: BiasData::F32(&bias[..s * s]), dims: [1, 1, s, s] }), ..Default::default() }, false),
     ];
-    // An optional third argument runs only that configuration (for profilers).
+    // An optional third argument runs only that configuration (for profilers); `fwd` anywhere in
+    // the arguments skips the backward.
     let only = args.get(2).copied();
+    let fwd_only = std::env::args().any(|a| a == "fwd");
     let configs: Vec<_> = configs.into_iter().enumerate().filter(|(i, _)| only.is_none_or(|o| o == *i)).map(|(_, c)| c).collect();
     let mut o = vec![0f32; n];
     let mut lse = vec![0f32; h * s];
@@ -58,14 +70,20 @@ fn main() {
             let (t, cpu) = (Instant::now(), cpu_secs());
             forward_ext(&shape, &opts, FwdInputs { q: &q, k: &k, v: &v, kv_len: &kv_len, q_start: &q_start }, ex, FwdOutputs { o: &mut o, lse: &mut lse }, &mut []).unwrap();
             let (tf, cf) = (t.elapsed().as_secs_f64(), cpu_secs() - cpu);
+            if fwd_only {
+                best[c][0] = best[c][0].min(tf);
+                best[c][1] = best[c][1].min(cf);
+                continue;
+            }
             let (t, cpu) = (Instant::now(), cpu_secs());
+            let db = if *want_db { &mut dbias[..] } else { &mut [][..] };
             backward_ext(
                 &shape,
                 &opts,
                 BwdInputs { q: &q, k: &k, v: &v, kv_len: &kv_len, q_start: &q_start, o: &o, lse: &lse, d_o: &d_o },
                 ex,
                 BwdOutputs { dq: &mut dq, dk: &mut dk, dv: &mut dv },
-                want_db.then(|| BiasGrad::F32(&mut dbias)),
+                want_db.then_some(BiasGrad::F32(db)),
                 &mut [],
             )
             .unwrap();
@@ -75,7 +93,21 @@ fn main() {
             }
         }
     }
+    // The yardsticks of the bias bar: one plain read of the bias (a sum, one thread, like XLA's
+    // `jnp.sum(bias)`) and one plain write of `dbias` (a fill), best of `reps`.
+    let (mut read, mut write) = ([f64::INFINITY; 2], [f64::INFINITY; 2]);
+    for _ in 0..reps {
+        let (t, cpu) = (Instant::now(), cpu_secs());
+        let sum: f32 = bias.chunks(16).map(|c| c.iter().sum::<f32>()).sum();
+        std::hint::black_box(sum);
+        read = [read[0].min(t.elapsed().as_secs_f64()), read[1].min(cpu_secs() - cpu)];
+        let (t, cpu) = (Instant::now(), cpu_secs());
+        dbias.fill(std::hint::black_box(0.5));
+        std::hint::black_box(&dbias);
+        write = [write[0].min(t.elapsed().as_secs_f64()), write[1].min(cpu_secs() - cpu)];
+    }
     println!("S={s} B=1 H={h} D={d} f32, best of {reps}: fwd wall/cpu ms, bwd wall/cpu ms");
+    println!("one read of the bias  {:7.1} {:7.1}   one write of dbias {:7.1} {:7.1}", read[0] * 1e3, read[1] * 1e3, write[0] * 1e3, write[1] * 1e3);
     for ((name, _, _), b) in configs.iter().zip(&best) {
         println!("{name:18} fwd {:7.1} {:7.1}   bwd {:7.1} {:7.1}", b[0] * 1e3, b[1] * 1e3, b[2] * 1e3, b[3] * 1e3);
     }

@@ -1,9 +1,15 @@
-//! Backward pass (FlashAttention-2 order): one rayon task per (batch, kv head, block of `BC`
-//! keys). A task owns its dK/dV rows outright, loops over the query heads of its GQA group and
-//! the query blocks that can see its keys, recomputes `P` from the saved `lse`, and adds its
-//! share of dQ into an f32 accumulator per (batch, head, query block) under that block's mutex.
-//! This keeps both cores busy even for B·Hkv = 1 (Sk/BC tasks) with no S×S buffer; a lock is
-//! held for `BR·D` additions against `~5·BR·BC·D` FMAs of work, so contention is negligible.
+//! Backward pass (FlashAttention-2 order): one rayon task per (batch, kv head, group of
+//! consecutive blocks of `BC` keys; one block per group unless there is a bias, see
+//! [`key_group`]). A task owns its dK/dV rows outright, loops over the query heads of its GQA
+//! group and the query blocks that can see its keys (for each, over the group's tiles),
+//! recomputes `P` from the saved `lse`, and adds its share of dQ into an f32 accumulator per
+//! (batch, head, query block) under that block's mutex. This keeps both cores busy even for
+//! B·Hkv = 1 (Sk/BC tasks) with no S×S buffer; a lock is held for `BR·D` additions against
+//! `~5·BR·BC·D` FMAs of work per tile, so contention is negligible.
+//!
+//! With a bias, a (head, query block) reads its bias rows over the whole group at once into a
+//! panel (runs of KiBs, [`Prep::fill_panel`]) and leaves dZ over the group in another, which
+//! [`DbiasOut`] writes out the same way: no strided 256-byte pieces of either.
 //!
 //! Scores are taken w.r.t. `x = qs·k` with `qs = scale·q` packed once, so `dK = dXᵀ·qs` and
 //! `dQ = dX·(scale·k)` need no extra scaling pass.
@@ -12,82 +18,122 @@ use std::sync::Mutex;
 
 use rayon::prelude::*;
 
-use super::dropout::{keep_row_fn, NO_DROPOUT, STORE};
-use super::extra::{prefetch_span, Prep};
+use super::dbias::{self, DbiasOut};
+use super::dropout::{keep_row_fn, KeepRowFn, NO_DROPOUT, STORE};
+use super::extra::{BiasPanel, PanelSpan, Prep, PANEL_TILES};
 use super::forward::{BC, BR};
 use super::kernels::{Gemm, Isa, LOG2_E, NO_EXT, PAD};
 use super::{round_up, BwdInputs, BwdOutputs, HostElement, SyncPtr};
+use crate::philox::Dropout;
 use crate::{AttnOptions, AttnShape, BiasGrad, Extras, KeyRange};
 
-struct Scratch {
+/// One key block's packed operands and the gradient rows its task accumulates.
+struct KeyBlock {
+    /// `K^T`, `V^T` (the B operands of `S` and `dP`) and `scale·K` (of `dQ`).
     kt: Vec<f32>,
     vt: Vec<f32>,
     ks: Vec<f32>,
     dk: Vec<f32>,
     dv: Vec<f32>,
+    /// An inf/NaN in this block's K: dQ then goes row by row over the keys each row sees, since
+    /// dX's exact zeros at hidden keys times inf would be NaN.
+    k_bad: bool,
+}
+
+/// Per-thread scratch, reused across tasks: the task's key blocks and one tile's work buffers.
+struct Scratch {
+    blocks: Vec<KeyBlock>,
+    /// Per query block, the group's key tiles it sees.
+    seen: Vec<std::ops::Range<usize>>,
+    work: Work,
+}
+
+struct Work {
     s: Vec<f32>,
     dp: Vec<f32>,
     p: Vec<f32>,
+    /// This (head, query block)'s share of dQ, summed over the group's tiles.
     tmp: Vec<f32>,
     ranges: Vec<KeyRange>,
-    /// The extras' additive row (bias conversion, bias + key mask).
-    e: Vec<f32>,
-    /// dZ of the tile, when the bias gradient is wanted and the softcap makes dX differ from it.
-    ds: Vec<f32>,
+    /// The bias of the (head, query block) over the group's visible tiles (empty without one).
+    panel: BiasPanel,
+    /// dZ of the (head, query block) over the group's keys (`BR × group·BC`), when `dbias` is wanted.
+    dz: Vec<f32>,
     /// The dropout keep scales of one tile row (`scale` or 0), regenerated from the key.
     km: Vec<f32>,
 }
 
-/// The f32 accumulator of `dbias` (the result itself when it is f32) and the locks that make
-/// tasks sharing a broadcast bias entry add into it one at a time.
-struct BiasAcc {
-    ptr: SyncPtr<f32>,
-    dims: [usize; 4],
-    /// The bias has a row per query (`Sqb = Sq`) / a column per key (`Skb = Sk`).
-    q_full: bool,
-    k_full: bool,
-    /// One lock per (bias batch·head, query block or 0, key block or 0): the regions they guard
-    /// are disjoint, and tasks that write the same entries (a broadcast batch, head or sequence
-    /// dim) take the same lock.
-    locks: Vec<Mutex<()>>,
-    nql: usize,
-    nkl: usize,
+/// What every tile of one (batch, query head, query block) shares.
+struct RowsCtx<'a> {
+    b: usize,
+    hq: usize,
+    i0: usize,
+    rows: usize,
+    qst: i64,
+    alibi2: f32,
+    qblk: &'a [f32],
+    doblk: &'a [f32],
+    /// `lse·log2(e)` and `Δ` of the block's rows.
+    lse2: &'a [f32],
+    di: &'a [f32],
+}
+
+/// What every tile of the call shares.
+struct CallCtx<'a, 'p> {
+    opts: &'a AttnOptions,
+    prep: &'p Prep<'a>,
+    sk: usize,
+    d: usize,
+    dp: usize,
+    dropout: Dropout,
+    keep_row: KeepRowFn,
+    /// `dbias` is wanted: the row kernels store dZ into `Work::dz` (row stride `dz_w`).
+    want_dz: bool,
+    dz_w: usize,
 }
 
 pub(super) fn run<T: HostElement, K: Isa>(shape: &AttnShape, opts: &AttnOptions, inp: BwdInputs<'_, T>, out: BwdOutputs<'_, T>, ex: &Extras<'_>, dbias: Option<BiasGrad<'_>>) {
+    let group = key_group(shape, ex.bias.is_some());
+    run_grouped::<T, K>(shape, opts, inp, out, ex, dbias, group);
+}
+
+/// Key blocks per task: 1 (FlashAttention-2's order) unless there is a bias. With one, a task
+/// owns up to [`PANEL_TILES`] consecutive key blocks, so each bias (and `dbias`) row segment it
+/// reads (writes) for a query block is a run of KiBs instead of 256 bytes one bias row apart;
+/// groups shrink until there are at least 4 tasks per thread, for the load balance.
+fn key_group(shape: &AttnShape, has_bias: bool) -> usize {
+    let nkb = shape.seq_k.div_ceil(BC);
+    if !has_bias || nkb == 0 {
+        return 1;
+    }
+    let want = 4 * rayon::current_num_threads();
+    let mut group = PANEL_TILES.min(nkb);
+    while group > 1 && shape.batch * shape.kv_heads * nkb.div_ceil(group) < want {
+        group = group.div_ceil(2);
+    }
+    group
+}
+
+/// [`run`] with tasks of `group` key blocks (tests try several).
+#[allow(clippy::too_many_arguments)]
+pub(super) fn run_grouped<T: HostElement, K: Isa>(shape: &AttnShape, opts: &AttnOptions, inp: BwdInputs<'_, T>, out: BwdOutputs<'_, T>, ex: &Extras<'_>, dbias: Option<BiasGrad<'_>>, group: usize) {
     // One instance per combination: without optional operands the tile loop is exactly the
     // original one, and without dropout (rate 0) no generator code is in it.
+    let group = group.clamp(1, PANEL_TILES);
     match (ex.changes_scores(), ex.dropout.is_some()) {
-        (false, false) => run_impl::<T, K, false, false>(shape, opts, inp, out, ex, None),
-        (true, false) => run_impl::<T, K, true, false>(shape, opts, inp, out, ex, dbias),
-        (false, true) => run_impl::<T, K, false, true>(shape, opts, inp, out, ex, None),
-        (true, true) => run_impl::<T, K, true, true>(shape, opts, inp, out, ex, dbias),
+        (false, false) => run_impl::<T, K, false, false>(shape, opts, inp, out, ex, None, group),
+        (true, false) => run_impl::<T, K, true, false>(shape, opts, inp, out, ex, dbias, group),
+        (false, true) => run_impl::<T, K, false, true>(shape, opts, inp, out, ex, None, group),
+        (true, true) => run_impl::<T, K, true, true>(shape, opts, inp, out, ex, dbias, group),
     }
 }
 
-fn run_impl<T: HostElement, K: Isa, const EXT: bool, const DROP: bool>(shape: &AttnShape, opts: &AttnOptions, inp: BwdInputs<'_, T>, out: BwdOutputs<'_, T>, ex: &Extras<'_>, mut dbias: Option<BiasGrad<'_>>) {
+#[allow(clippy::too_many_arguments)]
+fn run_impl<T: HostElement, K: Isa, const EXT: bool, const DROP: bool>(shape: &AttnShape, opts: &AttnOptions, inp: BwdInputs<'_, T>, out: BwdOutputs<'_, T>, ex: &Extras<'_>, dbias: Option<BiasGrad<'_>>, group: usize) {
     let AttnShape { batch, seq_q: sq, seq_k: sk, heads: h, kv_heads: hkv, head_dim: d } = *shape;
-    // dbias is a sum: zero first, so every early return below leaves it right.
-    let mut dbias_tmp: Vec<f32> = Vec::new();
-    let dbias_ptr: Option<*mut f32> = match dbias.as_mut() {
-        None => None,
-        Some(BiasGrad::F32(x)) => {
-            // In parallel: a full bias is S²·H floats, and this is its first touch.
-            x.par_chunks_mut(1 << 16).for_each(|c| c.fill(0.0));
-            Some(x.as_mut_ptr())
-        }
-        Some(g) => {
-            dbias_tmp = vec![0.0; g.len()];
-            Some(dbias_tmp.as_mut_ptr())
-        }
-    };
-    if batch == 0 {
-        finish_dbias(dbias, &dbias_tmp);
-        return;
-    }
-    if sk == 0 || sq == 0 {
-        finish_dbias(dbias, &dbias_tmp);
+    if batch == 0 || sk == 0 || sq == 0 {
         // Nothing is visible anywhere: all gradients are 0.
+        dbias::zero(dbias);
         out.dq.fill(T::from_f32(0.0));
         out.dk.fill(T::from_f32(0.0));
         out.dv.fill(T::from_f32(0.0));
@@ -97,6 +143,7 @@ fn run_impl<T: HostElement, K: Isa, const EXT: bool, const DROP: bool>(shape: &A
     let dp = round_up(d, PAD);
     let nqb = sq.div_ceil(BR);
     let nkb = sk.div_ceil(BC);
+    let ngrp = nkb.div_ceil(group);
 
     // Per (b, head) packs: qs = scale·q and dO as padded f32 rows; Δ = rowsum(dO∘O); lse·log2(e).
     let mut qs = vec![0f32; batch * h * sq * dp];
@@ -132,201 +179,158 @@ fn run_impl<T: HostElement, K: Isa, const EXT: bool, const DROP: bool>(shape: &A
         (0..batch * h * nqb).map(|t| Mutex::new(vec![0f32; BR.min(sq - (t % nqb) * BR) * dp])).collect();
 
     let prep = if EXT { Prep::new(shape, ex) } else { Prep::new(shape, &Extras::default()) };
-    let prep = &prep;
-    let dropout = ex.dropout.unwrap_or(NO_DROPOUT);
-    let keep_row = keep_row_fn::<STORE>(K::SCALAR);
-    let acc = match (dbias_ptr, ex.bias) {
-        (Some(ptr), Some(bias)) => {
-            let dims = bias.dims;
-            let (q_full, k_full) = (dims[2] == sq, dims[3] == sk);
-            let (nql, nkl) = (if q_full { nqb } else { 1 }, if k_full { nkb } else { 1 });
-            let locks = (0..dims[0] * dims[1] * nql * nkl).map(|_| Mutex::new(())).collect();
-            Some(BiasAcc { ptr: SyncPtr(ptr), dims, q_full, k_full, locks, nql, nkl })
-        }
+    let dbias = match (dbias, ex.bias) {
+        (Some(grad), Some(bias)) if EXT => Some(DbiasOut::new(grad, bias.dims, shape, nqb, ngrp)),
         _ => None,
     };
-    let acc = acc.as_ref();
-    // With a softcap the kernel's dX is dZ·tanh'; dbias needs dZ itself, kept in its own tile.
-    let ds_apart = acc.is_some() && opts.softcap > 0.0;
+    let dz_w = group * BC;
+    let call = CallCtx {
+        opts,
+        prep: &prep,
+        sk,
+        d,
+        dp,
+        dropout: ex.dropout.unwrap_or(NO_DROPOUT),
+        keep_row: keep_row_fn::<STORE>(K::SCALAR),
+        want_dz: dbias.is_some(),
+        dz_w,
+    };
+    let (call, dbias_out) = (&call, dbias.as_ref());
 
     let dk_ptr = SyncPtr(out.dk.as_mut_ptr());
     let dv_ptr = SyncPtr(out.dv.as_mut_ptr());
     let (qs, dop, di, lse2, dq_acc) = (&qs[..], &dop[..], &di[..], &lse2[..], &dq_acc[..]);
-    (0..batch * hkv * nkb).into_par_iter().for_each_init(
+    (0..batch * hkv * ngrp).into_par_iter().for_each_init(
         || Scratch {
-            kt: vec![0.0; d * BC],
-            vt: vec![0.0; d * BC],
-            ks: vec![0.0; BC * dp],
-            dk: vec![0.0; BC * dp],
-            dv: vec![0.0; BC * dp],
-            s: vec![0.0; BR * BC],
-            dp: vec![0.0; BR * BC],
-            p: vec![0.0; BR * BC],
-            tmp: vec![0.0; BR * dp],
-            ranges: Vec::with_capacity(BR),
-            e: if EXT { vec![0.0; BC] } else { Vec::new() },
-            ds: if ds_apart { vec![0.0; BR * BC] } else { Vec::new() },
-            km: if DROP { vec![0.0; BC] } else { Vec::new() },
+            blocks: (0..group)
+                .map(|_| KeyBlock { kt: vec![0.0; d * BC], vt: vec![0.0; d * BC], ks: vec![0.0; BC * dp], dk: vec![0.0; BC * dp], dv: vec![0.0; BC * dp], k_bad: false })
+                .collect(),
+            seen: Vec::with_capacity(nqb),
+            work: Work {
+                s: vec![0.0; BR * BC],
+                dp: vec![0.0; BR * BC],
+                p: vec![0.0; BR * BC],
+                tmp: vec![0.0; BR * dp],
+                ranges: Vec::with_capacity(BR),
+                panel: BiasPanel::new(call.prep, group),
+                dz: if call.want_dz { vec![0.0; BR * dz_w] } else { Vec::new() },
+                km: if DROP { vec![0.0; BC] } else { Vec::new() },
+            },
         },
         |scr, task| {
-            let (bkv, kb) = (task / nkb, task % nkb);
+            let (bkv, grp) = (task / ngrp, task % ngrp);
             let (b, kvh) = (bkv / hkv, bkv % hkv);
-            let j0 = kb * BC;
-            let cols = BC.min(sk - j0);
+            let (kb0, kb1) = (grp * group, ((grp + 1) * group).min(nkb));
+            let keys = (kb0 * BC, (kb1 * BC).min(sk));
             let (kvl, qst) = (inp.kv_len[b], inp.q_start[b]);
-
-            // Pack this key block: K^T and V^T (B operands of S and dP) and scale·K (of dQ).
-            // Columns/rows past `cols` are zeroed: the scratch may hold a previous task's tile.
-            scr.kt.fill(0.0);
-            scr.vt.fill(0.0);
-            scr.ks.fill(0.0);
-            for c in 0..cols {
-                let src = ((b * sk + j0 + c) * hkv + kvh) * d;
-                let (kt, vt) = (&mut scr.kt[c..], &mut scr.vt[c..]);
-                let ks = &mut scr.ks[c * dp..c * dp + d];
-                for (dd, ((x, y), o)) in inp.k[src..src + d].iter().zip(&inp.v[src..src + d]).zip(ks).enumerate() {
-                    let kv = x.to_f32();
-                    kt[dd * BC] = kv;
-                    vt[dd * BC] = y.to_f32();
-                    *o = opts.scale * kv;
-                }
+            for kb in kb0..kb1 {
+                pack_block(&mut scr.blocks[kb - kb0], &inp, opts.scale, b, kvh, hkv, sk, d, dp, kb * BC);
             }
-            scr.dk.fill(0.0);
-            scr.dv.fill(0.0);
-            // An inf/NaN in this block's K: dQ = dX·(scale·K) then goes row by row over the keys each
-            // row sees, since dX's exact zeros at hidden keys times inf would be NaN.
-            let k_bad = scr.ks[..cols * dp].iter().any(|x| !x.is_finite());
 
-            // key_mask hides every key of this block from batch row b: dK = dV = 0 here.
-            let heads = if EXT && !prep.tile_visible(b, kb) { 0..0 } else { kvh * g..(kvh + 1) * g };
-            for hq in heads {
-                let alibi2 = if EXT { prep.alibi2(hq) } else { 0.0 };
+            // The group's tiles each query block sees: those its rows' key ranges reach, less those
+            // the key mask hides entirely at either end (empty: the block skips the group).
+            let seen = &mut scr.seen;
+            seen.clear();
+            seen.extend((0..nqb).map(|qb| {
+                let i0 = qb * BR;
+                let block = KeyRange::for_rows(opts, sk, kvl, qst, i0, i0 + BR.min(sq - i0));
+                let (mut lo, mut hi) = if block.is_empty() { (kb0, kb0) } else { (kb0.max(block.start / BC), kb1.min(block.end.div_ceil(BC))) };
+                while EXT && lo < hi && !call.prep.tile_visible(b, lo) {
+                    lo += 1;
+                }
+                while EXT && lo < hi && !call.prep.tile_visible(b, hi - 1) {
+                    hi -= 1;
+                }
+                lo..hi.max(lo)
+            }));
+            // (query head, query block) pairs in order: p = (hq - kvh·g)·nqb + qb.
+            let pairs = g * nqb;
+            let span_of = |p: usize| {
+                let (hq, qb) = (kvh * g + p / nqb, p % nqb);
+                let i0 = qb * BR;
+                PanelSpan { b, hq, i0, rows: BR.min(sq - i0), t0: seen[qb].start, t1: seen[qb].end }
+            };
+            for p in 0..pairs {
+                let span = span_of(p);
+                let PanelSpan { hq, i0, rows, t0: lo, t1: hi, .. } = span;
+                let qb = p % nqb;
+                if lo >= hi {
+                    if let Some(out) = dbias_out {
+                        out.skip(b, hq, i0, rows, keys.0, keys.1);
+                    }
+                    continue;
+                }
+                let w = &mut scr.work;
+                // The next pair that computes anything: its bias is prefetched during this one.
+                let next = if EXT && call.prep.has_bias() { (p + 1..pairs).find(|&n| !seen[n % nqb].is_empty()).map(span_of) } else { None };
+                if EXT && call.prep.has_bias() {
+                    call.prep.fill_panel(&mut w.panel, &span);
+                }
                 let bhq = b * h + hq;
-                for qb in 0..nqb {
-                    let i0 = qb * BR;
-                    let rows = BR.min(sq - i0);
-                    let block = KeyRange::for_rows(opts, sk, kvl, qst, i0, i0 + rows);
-                    if block.is_empty() || block.end <= j0 || block.start >= j0 + cols {
+                let row0 = bhq * sq + i0;
+                w.ranges.clear();
+                w.ranges.extend((0..rows).map(|r| KeyRange::for_row(opts, sk, kvl, qst, i0 + r)));
+                let ctx = RowsCtx {
+                    b,
+                    hq,
+                    i0,
+                    rows,
+                    qst: qst as i64,
+                    alibi2: if EXT { call.prep.alibi2(hq) } else { 0.0 },
+                    qblk: &qs[row0 * dp..(row0 + rows) * dp],
+                    doblk: &dop[row0 * dp..(row0 + rows) * dp],
+                    lse2: &lse2[row0..row0 + rows],
+                    di: &di[row0..row0 + rows],
+                };
+                let mut dq_started = false;
+                for kb in lo..hi {
+                    if let Some(next) = &next {
+                        call.prep.prefetch_part(next, kb - lo, hi - lo);
+                    }
+                    let dz_col = (kb - kb0) * BC;
+                    if EXT && !call.prep.tile_visible(b, kb) {
+                        // key_mask hides every key of this tile from batch row b.
+                        if call.want_dz {
+                            zero_cols(&mut w.dz, dz_w, rows, dz_col);
+                        }
                         continue;
                     }
-                    let row0 = bhq * sq + i0;
-                    if EXT {
-                        // The tile's bias rows (and dbias rows) load while the GEMMs run.
-                        prep.prefetch_bias(b, hq, i0, rows, j0);
-                        if let Some(acc) = acc {
-                            prefetch_dbias(acc, b, hq, i0, rows, j0, cols);
-                        }
-                    }
-                    scr.ranges.clear();
-                    scr.ranges.extend((0..rows).map(|r| KeyRange::for_row(opts, sk, kvl, qst, i0 + r)));
-                    let qblk = &qs[row0 * dp..(row0 + rows) * dp];
-                    let doblk = &dop[row0 * dp..(row0 + rows) * dp];
-                    // SAFETY (all gemms below): extents match the buffers sized above.
-                    unsafe {
-                        K::gemm(Gemm { m: rows, n: BC, k: d, a: qblk.as_ptr(), a_rs: dp, a_cs: 1, b: scr.kt.as_ptr(), ldb: BC, c: scr.s.as_mut_ptr(), ldc: BC, accumulate: false });
-                        K::gemm(Gemm { m: rows, n: BC, k: d, a: doblk.as_ptr(), a_rs: dp, a_cs: 1, b: scr.vt.as_ptr(), ldb: BC, c: scr.dp.as_mut_ptr(), ldc: BC, accumulate: false });
-                    }
-                    let (mut clo, mut chi) = (BC, 0);
-                    for r in 0..rows {
-                        let rg = scr.ranges[r];
-                        let a = rg.start.saturating_sub(j0).min(cols);
-                        let e = rg.end.saturating_sub(j0).min(cols);
-                        let l2 = lse2[row0 + r];
-                        let (srow, prow) = (&mut scr.s[r * BC..(r + 1) * BC], &mut scr.p[r * BC..(r + 1) * BC]);
-                        if a >= e || !l2.is_finite() {
-                            // Masked in this tile, or a row the forward found fully masked.
-                            srow.fill(0.0);
-                            prow.fill(0.0);
-                            if ds_apart {
-                                scr.ds[r * BC..(r + 1) * BC].fill(0.0);
-                            }
-                            continue;
-                        }
-                        if DROP {
-                            // The forward's mask, regenerated: M of (b, hq, i, j0..j0+BC).
-                            let i = i0 + r;
-                            let ext = if EXT { prep.row(&mut scr.e, b, hq, i, qst as i64 + i as i64, j0, cols, alibi2) } else { NO_EXT };
-                            let dsp = if ds_apart { scr.ds[r * BC..].as_mut_ptr() } else { std::ptr::null_mut() };
-                            // SAFETY: km and the rows hold BC floats; j0 is a multiple of BC (so of 4);
-                            // a < e ≤ cols ≤ BC.
-                            unsafe {
-                                keep_row(scr.km.as_mut_ptr(), &dropout, b as u32, hq as u32, i as u32, j0, BC);
-                                K::bwd_row_drop(srow.as_mut_ptr(), scr.dp[r * BC..].as_ptr(), prow.as_mut_ptr(), dsp, BC, a, e, opts.softcap, l2, di[row0 + r], ext, scr.km.as_ptr());
-                            }
-                        } else if EXT {
-                            let i = i0 + r;
-                            let ext = prep.row(&mut scr.e, b, hq, i, qst as i64 + i as i64, j0, cols, alibi2);
-                            let dsp = if ds_apart { scr.ds[r * BC..].as_mut_ptr() } else { std::ptr::null_mut() };
-                            // SAFETY: rows of BC elements (the extras' row too); a < e ≤ cols ≤ BC.
-                            unsafe {
-                                K::bwd_row_ext(srow.as_mut_ptr(), scr.dp[r * BC..].as_ptr(), prow.as_mut_ptr(), dsp, BC, a, e, opts.softcap, l2, di[row0 + r], ext);
-                            }
-                        } else {
-                            // SAFETY: rows of BC elements; a < e ≤ cols ≤ BC.
-                            unsafe {
-                                K::bwd_row(srow.as_mut_ptr(), scr.dp[r * BC..].as_ptr(), prow.as_mut_ptr(), BC, a, e, opts.softcap, l2, di[row0 + r]);
-                            }
-                        }
-                        clo = clo.min(a);
-                        chi = chi.max(e);
-                    }
-                    if clo >= chi {
-                        continue;
-                    }
-                    let kw = chi - clo;
-                    unsafe {
-                        // dV[clo..chi] += Pᵀ·dO (P ∘ M·s under dropout); dK[clo..chi] += dXᵀ·qs (A transposed by strides).
-                        K::gemm(Gemm { m: kw, n: dp, k: rows, a: scr.p.as_ptr().add(clo), a_rs: 1, a_cs: BC, b: doblk.as_ptr(), ldb: dp, c: scr.dv.as_mut_ptr().add(clo * dp), ldc: dp, accumulate: true });
-                        K::gemm(Gemm { m: kw, n: dp, k: rows, a: scr.s.as_ptr().add(clo), a_rs: 1, a_cs: BC, b: qblk.as_ptr(), ldb: dp, c: scr.dk.as_mut_ptr().add(clo * dp), ldc: dp, accumulate: true });
-                        // This block's share of dQ = dX·(scale·K), added under the block's lock.
-                        if !k_bad {
-                            K::gemm(Gemm { m: rows, n: dp, k: kw, a: scr.s.as_ptr().add(clo), a_rs: BC, a_cs: 1, b: scr.ks.as_ptr().add(clo * dp), ldb: dp, c: scr.tmp.as_mut_ptr(), ldc: dp, accumulate: false });
-                        }
-                    }
-                    if k_bad {
-                        for r in 0..rows {
-                            let rg = scr.ranges[r];
-                            let a = rg.start.saturating_sub(j0).min(cols);
-                            let e = rg.end.saturating_sub(j0).min(cols);
-                            scr.tmp[r * dp..(r + 1) * dp].fill(0.0);
-                            if a >= e || !lse2[row0 + r].is_finite() {
-                                continue;
-                            }
-                            // SAFETY: s row r columns a..e < BC; ks rows a..e; tmp row r.
-                            unsafe {
-                                K::gemm(Gemm { m: 1, n: dp, k: e - a, a: scr.s.as_ptr().add(r * BC + a), a_rs: BC, a_cs: 1, b: scr.ks.as_ptr().add(a * dp), ldb: dp, c: scr.tmp.as_mut_ptr().add(r * dp), ldc: dp, accumulate: false });
-                            }
-                        }
-                    }
-                    if let Some(acc) = acc {
-                        let dz = if ds_apart { &scr.ds[..] } else { &scr.s[..] };
-                        add_dbias(acc, dz, b, hq, qb, kb, i0, rows, j0, clo, chi);
-                    }
+                    dq_started |= tile::<K, EXT, DROP>(w, &mut scr.blocks[kb - kb0], call, &ctx, kb, dz_col, dq_started);
+                }
+                if let Some(out) = dbias_out {
+                    out.put(&w.dz, dz_w, b, hq, qb, i0, rows, grp, keys, (lo * BC, (hi * BC).min(sk)));
+                }
+                if dq_started {
                     let mut acc = dq_acc[bhq * nqb + qb].lock().unwrap_or_else(|e| e.into_inner());
-                    for (x, y) in acc.iter_mut().zip(&scr.tmp[..rows * dp]) {
+                    for (x, y) in acc.iter_mut().zip(&w.tmp[..rows * dp]) {
                         *x += *y;
                     }
                 }
             }
 
-            // SAFETY: task (b, kvh, kb) alone writes rows j0..j0+cols of kv head kvh in batch b.
-            unsafe {
-                for c in 0..cols {
-                    let dst = ((b * sk + j0 + c) * hkv + kvh) * d;
-                    let dk = std::slice::from_raw_parts_mut(dk_ptr.get().add(dst), d);
-                    let dv = std::slice::from_raw_parts_mut(dv_ptr.get().add(dst), d);
-                    for (o, x) in dk.iter_mut().zip(&scr.dk[c * dp..c * dp + d]) {
-                        *o = T::from_f32(*x);
-                    }
-                    for (o, x) in dv.iter_mut().zip(&scr.dv[c * dp..c * dp + d]) {
-                        *o = T::from_f32(*x);
+            // SAFETY: task (b, kvh, grp) alone writes rows kb0·BC.. of kv head kvh in batch b.
+            for kb in kb0..kb1 {
+                let (blk, j0) = (&scr.blocks[kb - kb0], kb * BC);
+                unsafe {
+                    for c in 0..BC.min(sk - j0) {
+                        let dst = ((b * sk + j0 + c) * hkv + kvh) * d;
+                        let dk = std::slice::from_raw_parts_mut(dk_ptr.get().add(dst), d);
+                        let dv = std::slice::from_raw_parts_mut(dv_ptr.get().add(dst), d);
+                        for (o, x) in dk.iter_mut().zip(&blk.dk[c * dp..c * dp + d]) {
+                            *o = T::from_f32(*x);
+                        }
+                        for (o, x) in dv.iter_mut().zip(&blk.dv[c * dp..c * dp + d]) {
+                            *o = T::from_f32(*x);
+                        }
                     }
                 }
             }
         },
     );
 
-    finish_dbias(dbias, &dbias_tmp);
+    if let Some(out) = dbias {
+        out.finish();
+    }
 
     let dq_ptr = SyncPtr(out.dq.as_mut_ptr());
     (0..batch * h * nqb).into_par_iter().for_each(|t| {
@@ -346,54 +350,123 @@ fn run_impl<T: HostElement, K: Isa, const EXT: bool, const DROP: bool>(shape: &A
     });
 }
 
-/// Adds one tile's dZ (rows `0..rows`, columns `clo..chi`; 0 elsewhere) into the bias entries
-/// it reads, summing over the bias's broadcast dimensions.
+/// Packs key block `j0..` of kv head `kvh` in batch row `b`: `K^T`, `V^T` and `scale·K`, with
+/// columns/rows past `Sk` zeroed (the scratch may hold a previous task's block), and a zero dK/dV.
 #[allow(clippy::too_many_arguments)]
-fn add_dbias(acc: &BiasAcc, dz: &[f32], b: usize, hq: usize, qb: usize, kb: usize, i0: usize, rows: usize, j0: usize, clo: usize, chi: usize) {
-    let [bb, hb, sqb, skb] = acc.dims;
-    let bh = (if bb == 1 { 0 } else { b }) * hb + if hb == 1 { 0 } else { hq };
-    let lock = (bh * acc.nql + if acc.q_full { qb } else { 0 }) * acc.nkl + if acc.k_full { kb } else { 0 };
-    let _guard = acc.locks[lock].lock().unwrap_or_else(|e| e.into_inner());
-    let base = bh * sqb * skb;
+fn pack_block<T: HostElement>(blk: &mut KeyBlock, inp: &BwdInputs<'_, T>, scale: f32, b: usize, kvh: usize, hkv: usize, sk: usize, d: usize, dp: usize, j0: usize) {
+    let cols = BC.min(sk - j0);
+    blk.kt.fill(0.0);
+    blk.vt.fill(0.0);
+    blk.ks.fill(0.0);
+    for c in 0..cols {
+        let src = ((b * sk + j0 + c) * hkv + kvh) * d;
+        let (kt, vt) = (&mut blk.kt[c..], &mut blk.vt[c..]);
+        let ks = &mut blk.ks[c * dp..c * dp + d];
+        for (dd, ((x, y), o)) in inp.k[src..src + d].iter().zip(&inp.v[src..src + d]).zip(ks).enumerate() {
+            let kv = x.to_f32();
+            kt[dd * BC] = kv;
+            vt[dd * BC] = y.to_f32();
+            *o = scale * kv;
+        }
+    }
+    blk.dk.fill(0.0);
+    blk.dv.fill(0.0);
+    blk.k_bad = blk.ks[..cols * dp].iter().any(|x| !x.is_finite());
+}
+
+/// Zeroes columns `col..col + BC` of the first `rows` rows of a `dz` panel (row stride `w`).
+fn zero_cols(dz: &mut [f32], w: usize, rows: usize, col: usize) {
     for r in 0..rows {
-        let src = &dz[r * BC + clo..r * BC + chi];
-        let row = base + if acc.q_full { (i0 + r) * skb } else { 0 };
-        // SAFETY: row < Bb·Hb·Sqb·Skb entries and, per key, j0 + chi ≤ Sk = Skb; the lock held
-        // is the only one guarding this (bias batch·head, query block, key block) region.
-        unsafe {
-            if acc.k_full {
-                let dst = std::slice::from_raw_parts_mut(acc.ptr.get().add(row + j0 + clo), chi - clo);
-                for (o, x) in dst.iter_mut().zip(src) {
-                    *o += *x;
-                }
-            } else {
-                *acc.ptr.get().add(row) += src.iter().sum::<f32>();
+        dz[r * w + col..r * w + col + BC].fill(0.0);
+    }
+}
+
+/// One tile: key block `kb` (packed in `blk`) against the query block of `ctx`. Adds to the
+/// block's dK/dV, adds its share of dQ into `w.tmp` (stores it there when `!dq_started`), and
+/// when `dbias` is wanted leaves dZ in `w.dz` at column `dz_col` (every row of the block; 0 where
+/// nothing is visible). Returns whether it gave dQ a share.
+#[allow(clippy::too_many_arguments)]
+fn tile<K: Isa, const EXT: bool, const DROP: bool>(w: &mut Work, blk: &mut KeyBlock, call: &CallCtx<'_, '_>, ctx: &RowsCtx<'_>, kb: usize, dz_col: usize, dq_started: bool) -> bool {
+    let (rows, d, dp, opts) = (ctx.rows, call.d, call.dp, call.opts);
+    let j0 = kb * BC;
+    let cols = BC.min(call.sk - j0);
+    let (qblk, doblk) = (ctx.qblk, ctx.doblk);
+    // SAFETY (all gemms below): extents match the buffers sized in run_impl.
+    unsafe {
+        K::gemm(Gemm { m: rows, n: BC, k: d, a: qblk.as_ptr(), a_rs: dp, a_cs: 1, b: blk.kt.as_ptr(), ldb: BC, c: w.s.as_mut_ptr(), ldc: BC, accumulate: false });
+        K::gemm(Gemm { m: rows, n: BC, k: d, a: doblk.as_ptr(), a_rs: dp, a_cs: 1, b: blk.vt.as_ptr(), ldb: BC, c: w.dp.as_mut_ptr(), ldc: BC, accumulate: false });
+    }
+    let (mut clo, mut chi) = (BC, 0);
+    for r in 0..rows {
+        let rg = w.ranges[r];
+        let a = rg.start.saturating_sub(j0).min(cols);
+        let e = rg.end.saturating_sub(j0).min(cols);
+        let l2 = ctx.lse2[r];
+        let (srow, prow) = (&mut w.s[r * BC..(r + 1) * BC], &mut w.p[r * BC..(r + 1) * BC]);
+        let dsp = if call.want_dz { w.dz[r * call.dz_w + dz_col..].as_mut_ptr() } else { std::ptr::null_mut() };
+        if a >= e || !l2.is_finite() {
+            // Masked in this tile, or a row the forward found fully masked.
+            srow.fill(0.0);
+            prow.fill(0.0);
+            if call.want_dz {
+                w.dz[r * call.dz_w + dz_col..r * call.dz_w + dz_col + BC].fill(0.0);
+            }
+            continue;
+        }
+        let i = ctx.i0 + r;
+        if DROP {
+            // The forward's mask, regenerated: M of (b, hq, i, j0..j0+BC).
+            let ext = if EXT { call.prep.row(&w.panel, ctx.b, r, ctx.qst + i as i64, kb, ctx.alibi2) } else { NO_EXT };
+            // SAFETY: km and the rows hold BC floats (dz too, from dz_col); j0 is a multiple of BC
+            // (so of 4); a < e ≤ cols ≤ BC.
+            unsafe {
+                (call.keep_row)(w.km.as_mut_ptr(), &call.dropout, ctx.b as u32, ctx.hq as u32, i as u32, j0, BC);
+                K::bwd_row_drop(srow.as_mut_ptr(), w.dp[r * BC..].as_ptr(), prow.as_mut_ptr(), dsp, BC, a, e, opts.softcap, l2, ctx.di[r], ext, w.km.as_ptr());
+            }
+        } else if EXT {
+            let ext = call.prep.row(&w.panel, ctx.b, r, ctx.qst + i as i64, kb, ctx.alibi2);
+            // SAFETY: rows of BC elements (the extras' row and dz too); a < e ≤ cols ≤ BC.
+            unsafe {
+                K::bwd_row_ext(srow.as_mut_ptr(), w.dp[r * BC..].as_ptr(), prow.as_mut_ptr(), dsp, BC, a, e, opts.softcap, l2, ctx.di[r], ext);
+            }
+        } else {
+            // SAFETY: rows of BC elements; a < e ≤ cols ≤ BC.
+            unsafe {
+                K::bwd_row(srow.as_mut_ptr(), w.dp[r * BC..].as_ptr(), prow.as_mut_ptr(), BC, a, e, opts.softcap, l2, ctx.di[r]);
+            }
+        }
+        clo = clo.min(a);
+        chi = chi.max(e);
+    }
+    if clo >= chi {
+        return false;
+    }
+    let kw = chi - clo;
+    unsafe {
+        // dV[clo..chi] += Pᵀ·dO (P ∘ M·s under dropout); dK[clo..chi] += dXᵀ·qs (A transposed by strides).
+        K::gemm(Gemm { m: kw, n: dp, k: rows, a: w.p.as_ptr().add(clo), a_rs: 1, a_cs: BC, b: doblk.as_ptr(), ldb: dp, c: blk.dv.as_mut_ptr().add(clo * dp), ldc: dp, accumulate: true });
+        K::gemm(Gemm { m: kw, n: dp, k: rows, a: w.s.as_ptr().add(clo), a_rs: 1, a_cs: BC, b: qblk.as_ptr(), ldb: dp, c: blk.dk.as_mut_ptr().add(clo * dp), ldc: dp, accumulate: true });
+        // This tile's share of dQ = dX·(scale·K).
+        if !blk.k_bad {
+            K::gemm(Gemm { m: rows, n: dp, k: kw, a: w.s.as_ptr().add(clo), a_rs: BC, a_cs: 1, b: blk.ks.as_ptr().add(clo * dp), ldb: dp, c: w.tmp.as_mut_ptr(), ldc: dp, accumulate: dq_started });
+        }
+    }
+    if blk.k_bad {
+        for r in 0..rows {
+            let rg = w.ranges[r];
+            let a = rg.start.saturating_sub(j0).min(cols);
+            let e = rg.end.saturating_sub(j0).min(cols);
+            if !dq_started {
+                w.tmp[r * dp..(r + 1) * dp].fill(0.0);
+            }
+            if a >= e || !ctx.lse2[r].is_finite() {
+                continue;
+            }
+            // SAFETY: s row r columns a..e < BC; ks rows a..e; tmp row r.
+            unsafe {
+                K::gemm(Gemm { m: 1, n: dp, k: e - a, a: w.s.as_ptr().add(r * BC + a), a_rs: BC, a_cs: 1, b: blk.ks.as_ptr().add(a * dp), ldb: dp, c: w.tmp.as_mut_ptr().add(r * dp), ldc: dp, accumulate: true });
             }
         }
     }
-}
-
-/// The dbias rows [`add_dbias`] will update for this tile, requested ahead (see
-/// [`Prep::prefetch_bias`]).
-#[allow(clippy::too_many_arguments)]
-fn prefetch_dbias(acc: &BiasAcc, b: usize, hq: usize, i0: usize, rows: usize, j0: usize, cols: usize) {
-    let [bb, hb, sqb, skb] = acc.dims;
-    if !acc.k_full {
-        return;
-    }
-    let bh = (if bb == 1 { 0 } else { b }) * hb + if hb == 1 { 0 } else { hq };
-    let nrows = if acc.q_full { rows } else { 1 };
-    for r in 0..nrows {
-        let row = bh * sqb * skb + if acc.q_full { (i0 + r) * skb } else { 0 };
-        prefetch_span(acc.ptr.get() as *const u8, (row + j0) * 4, cols * 4);
-    }
-}
-
-/// Rounds the f32 accumulator into an f16/bf16 `dbias` (an f32 one was accumulated in place).
-fn finish_dbias(dbias: Option<BiasGrad<'_>>, tmp: &[f32]) {
-    match dbias {
-        Some(BiasGrad::F16(x)) => x.iter_mut().zip(tmp).for_each(|(o, v)| *o = half::f16::from_f32(*v)),
-        Some(BiasGrad::BF16(x)) => x.iter_mut().zip(tmp).for_each(|(o, v)| *o = half::bf16::from_f32(*v)),
-        _ => {}
-    }
+    true
 }

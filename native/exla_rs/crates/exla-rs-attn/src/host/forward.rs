@@ -11,7 +11,7 @@
 use rayon::prelude::*;
 
 use super::dropout::{keep_tile_fn, KeepTileFn, MUL, NO_DROPOUT};
-use super::extra::Prep;
+use super::extra::{BiasPanel, PanelSpan, Prep, PANEL_TILES};
 use super::kernels::{Gemm, Isa, RowExtra, LOG2_E, PAD};
 use super::{round_up, FwdInputs, FwdOutputs, HostElement, SyncPtr};
 use crate::philox::Dropout;
@@ -30,8 +30,8 @@ struct Scratch {
     m: Vec<f32>,
     l: Vec<f32>,
     ranges: Vec<KeyRange>,
-    /// One additive row built for the extras (bias conversion, bias + key mask).
-    e: Vec<f32>,
+    /// The block's bias over the current run of key tiles (empty without a bias).
+    panel: BiasPanel,
 }
 
 /// Where the current (batch, head, query block) sits, for the extras' rows.
@@ -48,17 +48,23 @@ struct RowCtx<'p, 'a> {
 }
 
 pub(super) fn run<T: HostElement, K: Isa>(shape: &AttnShape, opts: &AttnOptions, inp: FwdInputs<'_, T>, out: FwdOutputs<'_, T>, ex: &Extras<'_>) {
+    run_panels::<T, K>(shape, opts, inp, out, ex, PANEL_TILES);
+}
+
+/// [`run`] copying the bias `panel_tiles` key tiles at a time (tests try short runs).
+pub(super) fn run_panels<T: HostElement, K: Isa>(shape: &AttnShape, opts: &AttnOptions, inp: FwdInputs<'_, T>, out: FwdOutputs<'_, T>, ex: &Extras<'_>, panel_tiles: usize) {
     // One instance per combination: without optional operands the tile loop is exactly the
     // original one, and without dropout (rate 0) no generator code is in it.
+    let pt = panel_tiles.max(1);
     match (ex.changes_scores(), ex.dropout.is_some()) {
-        (false, false) => run_impl::<T, K, false, false>(shape, opts, inp, out, ex),
-        (true, false) => run_impl::<T, K, true, false>(shape, opts, inp, out, ex),
-        (false, true) => run_impl::<T, K, false, true>(shape, opts, inp, out, ex),
-        (true, true) => run_impl::<T, K, true, true>(shape, opts, inp, out, ex),
+        (false, false) => run_impl::<T, K, false, false>(shape, opts, inp, out, ex, pt),
+        (true, false) => run_impl::<T, K, true, false>(shape, opts, inp, out, ex, pt),
+        (false, true) => run_impl::<T, K, false, true>(shape, opts, inp, out, ex, pt),
+        (true, true) => run_impl::<T, K, true, true>(shape, opts, inp, out, ex, pt),
     }
 }
 
-fn run_impl<T: HostElement, K: Isa, const EXT: bool, const DROP: bool>(shape: &AttnShape, opts: &AttnOptions, inp: FwdInputs<'_, T>, out: FwdOutputs<'_, T>, ex: &Extras<'_>) {
+fn run_impl<T: HostElement, K: Isa, const EXT: bool, const DROP: bool>(shape: &AttnShape, opts: &AttnOptions, inp: FwdInputs<'_, T>, out: FwdOutputs<'_, T>, ex: &Extras<'_>, panel_tiles: usize) {
     let AttnShape { batch, seq_q: sq, seq_k: sk, heads: h, kv_heads: hkv, head_dim: d } = *shape;
     if batch == 0 || sq == 0 {
         return;
@@ -101,6 +107,19 @@ fn run_impl<T: HostElement, K: Isa, const EXT: bool, const DROP: bool>(shape: &A
     // asks a bit instead of scanning BC·dp values for every (query block, tile).
     let vbad: Vec<bool> = vp.par_chunks(BC * dp).map(|t| t.iter().any(|x| !x.is_finite())).collect();
     let nqb = sq.div_ceil(BR);
+    // The first bias span of a task (batch, head, query block): what the thread that runs the
+    // task before it prefetches while it computes its last span.
+    let first_span = |task: usize| -> Option<PanelSpan> {
+        if task >= batch * h * nqb {
+            return None;
+        }
+        let (bhq, qb) = (task / nqb, task % nqb);
+        let (b, hq, i0) = (bhq / h, bhq % h, qb * BR);
+        let rows = BR.min(sq - i0);
+        let block = KeyRange::for_rows(opts, sk, inp.kv_len[b], inp.q_start[b], i0, i0 + rows);
+        let t0 = block.start / BC;
+        (!block.is_empty()).then(|| PanelSpan { b, hq, i0, rows, t0, t1: (t0 + panel_tiles).min(block.end.div_ceil(BC)) })
+    };
     let o_ptr = SyncPtr(out.o.as_mut_ptr());
     let lse_ptr = SyncPtr(out.lse.as_mut_ptr());
     let (kt, vp) = (&kt[..], &vp[..]);
@@ -112,7 +131,7 @@ fn run_impl<T: HostElement, K: Isa, const EXT: bool, const DROP: bool>(shape: &A
             m: vec![0.0; BR],
             l: vec![0.0; BR],
             ranges: Vec::with_capacity(BR),
-            e: if EXT { vec![0.0; BC] } else { Vec::new() },
+            panel: BiasPanel::new(prep, panel_tiles),
         },
         |scr, task| {
             let (bhq, qb) = (task / nqb, task % nqb);
@@ -142,15 +161,28 @@ fn run_impl<T: HostElement, K: Isa, const EXT: bool, const DROP: bool>(shape: &A
                 let vp = &vp[bkv * ntk * BC * dp..(bkv + 1) * ntk * BC * dp];
                 let vbad = &vbad[bkv * ntk..(bkv + 1) * ntk];
                 let ctx = RowCtx { prep, b, hq, i0, q_start: qst as i64, alibi2: if EXT { prep.alibi2(hq) } else { 0.0 }, dropout, keep_tile };
-                for tile in block.start / BC..block.end.div_ceil(BC) {
+                let tiles = block.start / BC..block.end.div_ceil(BC);
+                scr.panel.clear();
+                // The span the panel is filled with after the current one.
+                let mut next: Option<PanelSpan> = None;
+                for tile in tiles.clone() {
                     if EXT && !prep.tile_visible(b, tile) {
                         // key_mask hides every key of this tile from this batch row.
                         continue;
                     }
-                    if EXT {
-                        prep.prefetch_bias(b, hq, i0, rows, tile * BC);
+                    if EXT && prep.has_bias() {
+                        if !scr.panel.holds(tile) {
+                            // The bias of this tile and the next ones, copied in runs of KiBs.
+                            let span = PanelSpan { b, hq, i0, rows, t0: tile, t1: (tile + panel_tiles).min(tiles.end) };
+                            prep.fill_panel(&mut scr.panel, &span);
+                            next = if span.t1 < tiles.end { Some(PanelSpan { t0: span.t1, t1: (span.t1 + panel_tiles).min(tiles.end), ..span }) } else { first_span(task + 1) };
+                        }
+                        if let Some(next) = &next {
+                            let held = scr.panel.tiles();
+                            prep.prefetch_part(next, tile - held.start, held.len());
+                        }
                     }
-                    step::<K, EXT, DROP>(scr, opts, rows, d, dp, tile, sk, kt, vp, vbad[tile], &ctx);
+                    step::<K, EXT, DROP>(scr, opts, rows, d, dp, tile, kt, vp, vbad[tile], &ctx);
                 }
             }
 
@@ -180,7 +212,7 @@ fn run_impl<T: HostElement, K: Isa, const EXT: bool, const DROP: bool>(shape: &A
 /// One key tile for one block of query rows: `S = Qs·K^T`, the online-softmax update of every
 /// row, then `O += P·V` over the tile's columns that any row sees.
 #[allow(clippy::too_many_arguments)]
-fn step<K: Isa, const EXT: bool, const DROP: bool>(scr: &mut Scratch, opts: &AttnOptions, rows: usize, d: usize, dp: usize, tile: usize, sk: usize, kt: &[f32], vp: &[f32], v_bad: bool, ctx: &RowCtx<'_, '_>) {
+fn step<K: Isa, const EXT: bool, const DROP: bool>(scr: &mut Scratch, opts: &AttnOptions, rows: usize, d: usize, dp: usize, tile: usize, kt: &[f32], vp: &[f32], v_bad: bool, ctx: &RowCtx<'_, '_>) {
     let j0 = tile * BC;
     let kt_tile = &kt[tile * d * BC..(tile + 1) * d * BC];
     // SAFETY: qs is rows×dp (k = d ≤ dp columns read), kt_tile is d×BC, s is BR×BC.
@@ -219,7 +251,7 @@ fn step<K: Isa, const EXT: bool, const DROP: bool>(scr: &mut Scratch, opts: &Att
         }
         let (m_new, sum) = if EXT {
             let i = ctx.i0 + r;
-            let ext: RowExtra = ctx.prep.row(&mut scr.e, ctx.b, ctx.hq, i, ctx.q_start + i as i64, j0, BC.min(sk - j0), ctx.alibi2);
+            let ext: RowExtra = ctx.prep.row(&scr.panel, ctx.b, r, ctx.q_start + i as i64, tile, ctx.alibi2);
             // SAFETY: srow and the extras' row have BC elements, a < b ≤ BC.
             let (m_new, sum) = unsafe { K::fwd_row_ext(srow.as_mut_ptr(), BC, a, b, opts.softcap, scr.m[r], ext) };
             if m_new == f32::NEG_INFINITY {

@@ -4,8 +4,9 @@
 //!   K is pre-packed once as f32 transposed tiles and V as padded f32 rows, so tasks only run
 //!   register-blocked GEMMs and the `exp2` row pass. Key tiles outside a block's visible range
 //!   (`KeyRange::for_rows`) are never touched: that is where causal and windows win.
-//! - `backward.rs`: FlashAttention-2 backward, one task per (batch, kv head, block of keys)
-//!   owning its dK/dV rows; dQ is accumulated in f32 per query block behind a mutex.
+//! - `backward.rs`: FlashAttention-2 backward, one task per (batch, kv head, block of keys; a
+//!   group of consecutive blocks when there is a bias) owning its dK/dV rows; dQ is accumulated
+//!   in f32 per query block behind a mutex. `dbias.rs` writes the bias gradient.
 //! - `kernels.rs` + `simd.rs`: the inner loops, instantiated for AVX-512, AVX2+FMA and scalar,
 //!   picked at run time ([`dispatch`]); no `-C target-cpu` needed.
 //!
@@ -19,10 +20,13 @@
 //! f16/bf16; never S×S beyond what the bias itself holds), so [`workspace_bytes`] is 0.
 
 mod backward;
+mod dbias;
 mod dropout;
 mod element;
 mod extra;
 mod forward;
+#[cfg(test)]
+mod group_tests;
 mod kernels;
 mod simd;
 #[cfg(test)]
