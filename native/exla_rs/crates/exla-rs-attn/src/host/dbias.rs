@@ -229,7 +229,7 @@ unsafe fn stream_f32(dst: *mut f32, n: usize, src: Option<&[f32]>) {
     #[cfg(target_arch = "x86_64")]
     {
         use std::arch::x86_64::{_mm_loadu_ps, _mm_setzero_ps, _mm_stream_ps};
-        while i < n && (dst.add(i) as usize) % 16 != 0 {
+        while i < n && !(dst.add(i) as usize).is_multiple_of(16) {
             *dst.add(i) = get(i);
             i += 1;
         }
