@@ -40,7 +40,7 @@ impl AttnShape {
                 self.heads, self.kv_heads
             )));
         }
-        if self.heads % self.kv_heads != 0 {
+        if !self.heads.is_multiple_of(self.kv_heads) {
             return Err(AttnError::invalid(format!(
                 "q heads H={} must be a multiple of k/v heads Hkv={}",
                 self.heads, self.kv_heads

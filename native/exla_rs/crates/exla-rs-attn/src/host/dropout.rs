@@ -44,7 +44,7 @@ unsafe fn put_scalar<const MULTIPLY: bool>(o: *mut f32, k: f32) {
 /// # Safety
 /// `out` holds `n` floats.
 pub(crate) unsafe fn keep_row_scalar<const MULTIPLY: bool>(out: *mut f32, d: &Dropout, b: u32, h: u32, i: u32, j0: usize, n: usize) {
-    debug_assert!(j0 % 4 == 0 && n % 4 == 0);
+    debug_assert!(j0.is_multiple_of(4) && n.is_multiple_of(4));
     let (t_hi, t_lo) = (d.threshold >> 16, d.threshold & 0xFFFF);
     let mut c = 0;
     while c < n {
@@ -193,7 +193,7 @@ pub(crate) mod avx2 {
     /// `out` holds `n` floats; the CPU has AVX2.
     #[target_feature(enable = "avx2")]
     pub(crate) unsafe fn keep_row<const MULTIPLY: bool>(out: *mut f32, d: &Dropout, b: u32, h: u32, i: u32, j0: usize, n: usize) {
-        debug_assert!(j0 % 4 == 0 && n % 4 == 0);
+        debug_assert!(j0.is_multiple_of(4) && n.is_multiple_of(4));
         let t_hi = _mm256_set1_epi16((d.threshold >> 16) as u16 as i16);
         let scale = _mm256_set1_ps(d.scale);
         let end = j0 + n;
@@ -227,7 +227,7 @@ pub(crate) mod avx2 {
     pub(crate) unsafe fn keep_tile<const MULTIPLY: bool>(s: *mut f32, ld: usize, spans: &[(usize, usize)], d: &Dropout, b: u32, h: u32, i0: u32, j0: usize) {
         let t_hi = _mm256_set1_epi16((d.threshold >> 16) as u16 as i16);
         let scale = _mm256_set1_ps(d.scale);
-        let whole = |r: usize| j0 % 8 == 0 && spans.get(r) == Some(&(0, 64));
+        let whole = |r: usize| j0.is_multiple_of(8) && spans.get(r) == Some(&(0, 64));
         let mut r = 0;
         while r < spans.len() {
             let i = i0 + r as u32;

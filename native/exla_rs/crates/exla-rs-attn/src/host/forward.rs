@@ -238,7 +238,7 @@ fn step<K: Isa, const EXT: bool, const DROP: bool>(scr: &mut Scratch, opts: &Att
     // Under dropout: the columns of each row the generator scales (none for a row that adds
     // nothing), applied to the whole tile after the loop.
     let mut drop_spans = [(0usize, 0usize); BR];
-    for r in 0..rows {
+    for (r, drop_span) in drop_spans[..rows].iter_mut().enumerate() {
         let rg = scr.ranges[r];
         let a = rg.start.saturating_sub(j0).min(BC);
         let b = rg.end.saturating_sub(j0).min(BC);
@@ -274,7 +274,7 @@ fn step<K: Isa, const EXT: bool, const DROP: bool>(scr: &mut Scratch, opts: &Att
         if DROP {
             // Only the row's visible keys a..b (widened to whole quads) carry weight; the rest of
             // srow is 0 and stays 0.
-            drop_spans[r] = (a & !3, (b + 3) & !3);
+            *drop_span = (a & !3, (b + 3) & !3);
         }
         clo = clo.min(a);
         chi = chi.max(b);
