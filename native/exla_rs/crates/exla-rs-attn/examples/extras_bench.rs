@@ -25,16 +25,11 @@ fn main() {
     let reps = args.get(1).copied().unwrap_or(3);
     let (h, d) = (8usize, 64usize);
     let shape = AttnShape { batch: 1, seq_q: s, seq_k: s, heads: h, kv_heads: h, head_dim: d };
+    // Successive inputs from successive seeds.
     let mut seed = 0x9E37_79B9u64;
-    let mut rnd = |n: usize| -> Vec<f32> {
-        (0..n)
-            .map(|_| {
-                seed ^= seed << 13;
-                seed ^= seed >> 7;
-                seed ^= seed << 17;
-                (seed >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
-            })
-            .collect()
+    let mut rnd = |n: usize| {
+        seed += 1;
+        exla_rs_attn::random::uniform_pm1(n, seed)
     };
     let n = s * h * d;
     let (q, k, v, d_o) = (rnd(n), rnd(n), rnd(n), rnd(n));

@@ -20,16 +20,11 @@ fn main() {
     let s = args.first().copied().unwrap_or(2048);
     let reps = args.get(1).copied().unwrap_or(5);
     let shape = AttnShape { batch: 1, seq_q: s, seq_k: s, heads: 8, kv_heads: 8, head_dim: 64 };
+    // Successive inputs from successive seeds.
     let mut seed = 0x1234_5678u64;
-    let mut rnd = |n: usize| -> Vec<f32> {
-        (0..n)
-            .map(|_| {
-                seed ^= seed << 13;
-                seed ^= seed >> 7;
-                seed ^= seed << 17;
-                (seed >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
-            })
-            .collect()
+    let mut rnd = |n: usize| {
+        seed += 1;
+        exla_rs_attn::random::uniform_pm1(n, seed)
     };
     let (q, k, v, d_o) = (rnd(shape.q_len()), rnd(shape.kv_len()), rnd(shape.kv_len()), rnd(shape.q_len()));
     let kv_len = [s as i32];

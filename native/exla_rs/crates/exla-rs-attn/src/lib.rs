@@ -12,6 +12,7 @@ pub mod host;
 pub mod mask;
 pub mod options;
 pub mod philox;
+pub mod random;
 pub mod shape;
 
 pub use dtype::ElementType;

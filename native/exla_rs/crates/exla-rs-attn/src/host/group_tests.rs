@@ -11,6 +11,7 @@ use super::forward::run_panels;
 use super::kernels::{self, Isa};
 use super::{BwdInputs, BwdOutputs, FwdInputs, FwdOutputs, HostElement};
 use crate::philox::Dropout;
+use crate::random::uniform_pm1 as rand;
 use crate::{AttnOptions, AttnShape, Bias, BiasData, BiasGrad, Extras};
 use half::{bf16, f16};
 
@@ -62,18 +63,6 @@ fn cases() -> Vec<Case> {
     let key = [0x1234_5678, 42];
     v.push(Case { dropout: Dropout::from_attributes(0.3, Some(key)).unwrap(), mask: Some(mask), ..case(b, sq, sk, h, hkv, d, [b, h, sq, sk]) });
     v
-}
-
-fn rand(n: usize, seed: u64) -> Vec<f32> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..n)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
-        })
-        .collect()
 }
 
 /// o, lse, dq, dk, dv, dbias (as f32) of one case, bias copied `panel` tiles at a time in the
