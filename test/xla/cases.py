@@ -120,17 +120,19 @@ def fully_masked_rows(x: Inputs) -> np.ndarray:
     return ~m.any(-1)
 
 
-def assert_grads(x: Inputs, dt: str, grads, refs, ctx: str) -> None:
+def assert_grads(x: Inputs, dt: str, grads, refs, ctx: str, masked=None) -> None:
     """(dq, dk, dv) typed and shaped like (q, k, v), finite (outputs are poisoned on the GPU, so
     an unwritten element fails here), within TOL[dt] of the float64 refs, and dq exactly 0 on
-    fully masked rows."""
+    fully masked rows: `masked` (bool[B, Sq]) when a key mask or bias hides rows too, else
+    those the visibility options hide."""
+    masked = fully_masked_rows(x) if masked is None else masked
     for name, got, ref, like in zip(("dq", "dk", "dv"), grads, refs, (x.q, x.k, x.v)):
         got = np.asarray(got)
         assert got.dtype == like.dtype and got.shape == like.shape, f"{name} {ctx}"
         assert np.isfinite(got.astype(np.float32)).all(), f"{name}: unwritten or non-finite values ({ctx})"
         err = rel_err(got, ref)
         assert err <= TOL[dt], f"{name} rel err {err:.2e} > {TOL[dt]} ({ctx})"
-    assert np.all(np.asarray(grads[0]).astype(np.float32)[fully_masked_rows(x)] == 0), ctx
+    assert np.all(np.asarray(grads[0]).astype(np.float32)[masked] == 0), f"dq of fully masked rows ({ctx})"
 
 
 
