@@ -187,6 +187,16 @@ pub(crate) mod avx2 {
         (_mm256_testz_si256(tie, tie) != 0).then_some(keep)
     }
 
+    /// Writes (`STORE`) or applies (`MUL`) the keep scales of 64 consecutive keys at `out`.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    unsafe fn put64<const MULTIPLY: bool>(out: *mut f32, keep: &[__m256; 8]) {
+        for (k, &v) in keep.iter().enumerate() {
+            let o = out.add(8 * k);
+            _mm256_storeu_ps(o, if MULTIPLY { _mm256_mul_ps(_mm256_loadu_ps(o), v) } else { v });
+        }
+    }
+
     /// The AVX2 generator: [`super::KeepRowFn`] in steps of 64 keys aligned to eight-key groups.
     ///
     /// # Safety
@@ -202,12 +212,7 @@ pub(crate) mod avx2 {
             if g >= j0 && g + 64 <= end {
                 // The whole step is in the span (every step of a full tile row).
                 match keep64::<1>(d, t_hi, scale, b, h, [i], (g >> 3) as u32) {
-                    Some([keep]) => {
-                        for (k, &v) in keep.iter().enumerate() {
-                            let o = out.add(g - j0 + 8 * k);
-                            _mm256_storeu_ps(o, if MULTIPLY { _mm256_mul_ps(_mm256_loadu_ps(o), v) } else { v });
-                        }
-                    }
+                    Some([keep]) => put64::<MULTIPLY>(out.add(g - j0), &keep),
                     None => super::keep_row_scalar::<MULTIPLY>(out.add(g - j0), d, b, h, i, g, 64),
                 }
             } else {
@@ -234,10 +239,7 @@ pub(crate) mod avx2 {
             if whole(r) && whole(r + 1) {
                 if let Some(keep) = keep64::<2>(d, t_hi, scale, b, h, [i, i + 1], (j0 >> 3) as u32) {
                     for (rr, keep) in keep.iter().enumerate() {
-                        for (k, &v) in keep.iter().enumerate() {
-                            let o = s.add((r + rr) * ld + 8 * k);
-                            _mm256_storeu_ps(o, if MULTIPLY { _mm256_mul_ps(_mm256_loadu_ps(o), v) } else { v });
-                        }
+                        put64::<MULTIPLY>(s.add((r + rr) * ld), keep);
                     }
                 } else {
                     // A tie in one of the two rows: each row on its own (the tie path is exact).
