@@ -42,6 +42,10 @@ SPECIAL = [
     ("all_three", BY_NAME["everything"], Extra(key_mask="left_pad", bias="B1QK", alibi=True, mask_dtype=3)),
     ("all_three_neginf", LONG, Extra(key_mask="holes", bias="1HQK", bias_neg_inf=True, alibi=True, bias_f32=True)),
     ("all_three_d256", BY_NAME["d256"], Extra(key_mask="all_masked", bias="11QK", alibi=True)),
+    # Whole key tiles (Sk a multiple of 64) and no key mask: an f32 bias is read in place.
+    ("bias_in_place_causal", Case("tiles", 2, 70, 128, 4, 2, 64, causal=True, q_start="random"), Extra(bias="BHQK", bias_f32=True)),
+    ("bias_in_place_broadcast", Case("tiles_b", 2, 65, 192, 2, 1, 32, softcap=10.0, kv_len="random"), Extra(bias="1HQK", bias_f32=True, alibi=True)),
+    ("bias_in_place_neginf", Case("tiles_n", 1, 130, 256, 2, 2, 16, window_size=(40, 10)), Extra(bias="B1QK", bias_f32=True, bias_neg_inf=True)),
 ]
 PARAMS += [pytest.param(c, e, dt, id=f"{name}-{dt}") for name, c, e in SPECIAL for dt in DTYPES]
 

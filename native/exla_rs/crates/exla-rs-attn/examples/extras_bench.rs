@@ -1,7 +1,8 @@
 //! Times the Host kernels with the optional operands against the same call without them, no XLA:
-//! `cargo run --release -p exla-rs-attn --example extras_bench [S] [reps] [config] [fwd]` (B=1, H=8,
+//! `cargo run --release -p exla-rs-attn --example extras_bench [S] [reps] [configs, e.g. 0,3] [fwd]` (B=1, H=8,
 //! D=64, f32).
 //! Reports the best wall time and process CPU time of each configuration, run round-robin.
+//! `FRESH=1` hands the backward a newly allocated `dbias` every call, as XLA does.
 
 use exla_rs_attn::host::{backward_ext, forward_ext, BwdInputs, BwdOutputs, FwdInputs, FwdOutputs};
 use exla_rs_attn::{AttnOptions, AttnShape, Bias, BiasData, BiasGrad, Extras};
@@ -50,15 +51,16 @@ fn main() {
         ("bias {1,H,1,S}", Extras { bias: Some(Bias { data: BiasData::F32(&bias[..h * s]), dims: [1, h, 1, s] }), ..Default::default() }, false),
         ("bias {1,1,S,S}", Extras { bias: Some(Bias { data: BiasData::F32(&bias[..s * s]), dims: [1, 1, s, s] }), ..Default::default() }, false),
     ];
-    // An optional third argument runs only that configuration (for profilers); `fwd` anywhere in
-    // the arguments skips the backward.
-    let only = args.get(2).copied();
+    // An optional third argument (`3`, or a list like `0,3,4`) runs only those configurations
+    // (for profilers); `fwd` anywhere in the arguments skips the backward.
+    let only: Option<Vec<usize>> = std::env::args().nth(3).filter(|a| a != "fwd").map(|a| a.split(',').filter_map(|x| x.parse().ok()).collect());
     let fwd_only = std::env::args().any(|a| a == "fwd");
-    let configs: Vec<_> = configs.into_iter().enumerate().filter(|(i, _)| only.is_none_or(|o| o == *i)).map(|(_, c)| c).collect();
+    let fresh = std::env::var("FRESH").is_ok_and(|v| v == "1");
+    let configs: Vec<_> = configs.into_iter().enumerate().filter(|(i, _)| only.as_ref().is_none_or(|o| o.contains(i))).map(|(_, c)| c).collect();
     let mut o = vec![0f32; n];
     let mut lse = vec![0f32; h * s];
     let (mut dq, mut dk, mut dv) = (vec![0f32; n], vec![0f32; n], vec![0f32; n]);
-    let mut dbias = vec![0f32; h * s * s];
+    let mut dbias = vec![0f32; h * s * s + 16];
     let mut best = vec![[f64::INFINITY; 4]; configs.len()];
     for _ in 0..reps {
         for (c, (_, ex, want_db)) in configs.iter().enumerate() {
@@ -71,7 +73,14 @@ fn main() {
                 continue;
             }
             let (t, cpu) = (Instant::now(), cpu_secs());
-            let db = if *want_db { &mut dbias[..] } else { &mut [][..] };
+            // FRESH=1: a new dbias every call, as XLA hands out (its pages are first touched by
+            // the kernel), instead of one buffer reused.
+            if fresh && *want_db {
+                dbias = vec![0f32; h * s * s + 16];
+            }
+            // 64-byte aligned, as XLA's buffers are (malloc's large blocks are not).
+            let at = (dbias.as_ptr() as usize).next_multiple_of(64) - dbias.as_ptr() as usize;
+            let db = if *want_db { &mut dbias[at / 4..at / 4 + h * s * s] } else { &mut [][..] };
             backward_ext(
                 &shape,
                 &opts,

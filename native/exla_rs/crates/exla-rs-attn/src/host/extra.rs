@@ -2,12 +2,13 @@
 //! mask (an additive `0`/`-inf` row per batch and a "does this key tile show anything" bit per
 //! (batch, tile)), and the additive row of one (query row, key tile) for the row kernels.
 //!
-//! Nothing here is S×S: the mask rows are `B·Sk` floats, the bias is copied a block of query rows
-//! at a time into a per-thread [`BiasPanel`] (`BR` rows of up to 16 tiles), ALiBi is computed in
-//! the row kernel.
+//! Nothing here is S×S: the mask rows are `B·Sk` floats; an f32 bias over whole key tiles without
+//! a key mask is read where it lies, each tile prefetched a few tiles ahead by the score product
+//! ([`Prep::in_place`]); any other bias is copied a block of query rows at a time into a per-thread
+//! [`BiasPanel`] (`BR` rows of up to 16 tiles); ALiBi is computed in the row kernel.
 
 use super::forward::{BC, BR};
-use super::kernels::{RowExtra, LOG2_E};
+use super::kernels::{Prefetch, RowExtra, LOG2_E};
 use super::HostElement;
 use crate::{AttnShape, Bias, BiasData, Extras};
 
@@ -23,6 +24,8 @@ pub(crate) struct Prep<'a> {
     /// `[B, ntk]`: some key of the tile is shown.
     tile_any: Vec<bool>,
     bias: Option<Bias<'a>>,
+    /// The row kernels read the bias where it lies ([`Prep::in_place`]), no panel.
+    in_place: bool,
     slopes: Option<&'a [f32]>,
     sk: usize,
     ntk: usize,
@@ -45,7 +48,51 @@ impl<'a> Prep<'a> {
                 }
             }
         }
-        Self { key_mask: ex.key_mask.is_some(), mask_add, tile_any, bias: ex.bias, slopes: ex.alibi_slopes, sk, ntk }
+        let in_place = ex.bias.is_some_and(|x| matches!(x.data, BiasData::F32(_)) && x.dims[3] == sk && sk % BC == 0) && ex.key_mask.is_none();
+        Self { key_mask: ex.key_mask.is_some(), mask_add, tile_any, bias: ex.bias, in_place, slopes: ex.alibi_slopes, sk, ntk }
+    }
+
+    /// Whether the row kernels read the bias where it lies: an f32 bias with a value per key,
+    /// no key mask to merge into it, and whole key tiles (a row's `BC` values never run past
+    /// the bias's end). The forward then prefetches each row's next tiles while it computes
+    /// ([`Prep::prefetch_tile`]), so the bias is read once, from cache, with no copy: measured,
+    /// this costs about one plain read of the bias, where the panel's copy costs three.
+    /// Otherwise (f16/bf16, a key mask, odd `Sk`, one value per row) the bias goes through a
+    /// [`BiasPanel`], converted and masked.
+    #[inline]
+    pub(crate) fn in_place(&self) -> bool {
+        self.in_place
+    }
+
+    /// Whether the tile loops must fill a [`BiasPanel`] before they read the bias.
+    #[inline]
+    pub(crate) fn uses_panel(&self) -> bool {
+        self.bias.is_some() && !self.in_place
+    }
+
+    /// In-place mode: what a tile loop working on key tile `tile` of `span` (its block's tiles
+    /// end at `span.t1`) prefetches: the bias [`PREFETCH_TILES`] tiles ahead, past the block's
+    /// last tile the first tiles of `next` (the block the loop computes next, if any).
+    #[inline]
+    pub(crate) fn prefetch_ahead(&self, span: &PanelSpan, next: Option<&PanelSpan>, tile: usize) -> Prefetch {
+        let ahead = tile + PREFETCH_TILES;
+        if ahead < span.t1 {
+            return self.tile_prefetch(span.b, span.hq, span.i0, span.rows, ahead);
+        }
+        match next {
+            Some(n) if n.t0 + (ahead - span.t1) < n.t1 => self.tile_prefetch(n.b, n.hq, n.i0, n.rows, n.t0 + (ahead - span.t1)),
+            _ => Prefetch::NONE,
+        }
+    }
+
+    /// In-place mode: the bias lines of query rows `i0..i0 + rows` of head `hq` in batch row `b`
+    /// over key tile `tile`, for a [`Gemm`](super::kernels::Gemm) to prefetch.
+    #[inline]
+    pub(crate) fn tile_prefetch(&self, b: usize, hq: usize, i0: usize, rows: usize, tile: usize) -> Prefetch {
+        let Some(Bias { data: BiasData::F32(x), dims }) = &self.bias else { return Prefetch::NONE };
+        let off = bias_row(dims, b, hq, i0) + tile * BC;
+        let per_query = dims[2] != 1;
+        Prefetch { base: x.as_ptr().wrapping_add(off) as *const u8, stride: dims[3] * 4, rows: if per_query { rows } else { 1 }, lines: BC * 4 / 64 }
     }
 
     /// Whether key tile `tile` of batch row `b` can contribute (false only when `key_mask`
@@ -55,7 +102,7 @@ impl<'a> Prep<'a> {
         !self.key_mask || self.tile_any[b * self.ntk + tile]
     }
 
-    /// Whether the call has a bias (then the row kernels read it from a [`BiasPanel`]).
+    /// Whether the call has a bias.
     #[inline]
     pub(crate) fn has_bias(&self) -> bool {
         self.bias.is_some()
@@ -77,7 +124,7 @@ impl<'a> Prep<'a> {
     /// from cache. The callers also [`Prep::prefetch_part`] the next span while they compute on
     /// this one (measured: it takes ~1/3 off the backward's extra time; little in the forward).
     pub(crate) fn fill_panel(&self, panel: &mut BiasPanel, span: &PanelSpan) {
-        let Some(bias) = &self.bias else { return };
+        let Some(bias) = self.bias.as_ref().filter(|_| !self.in_place) else { return };
         let PanelSpan { b, t0, t1, .. } = *span;
         debug_assert!(t0 < t1 && (t1 - t0) * BC <= panel.width && span.rows <= BR);
         let (k0, k1) = (t0 * BC, (t1 * BC).min(self.sk));
@@ -139,19 +186,21 @@ impl<'a> Prep<'a> {
 
     /// Element offset in the bias of key 0 of the bias row that row `r` of `span` reads.
     fn row_offset(&self, span: &PanelSpan, r: usize) -> usize {
-        let Some(bias) = &self.bias else { return 0 };
-        let [bb, hb, sqb, skb] = bias.dims;
-        let bh = (if bb == 1 { 0 } else { span.b }) * hb + if hb == 1 { 0 } else { span.hq };
-        (bh * sqb + if sqb == 1 { 0 } else { span.i0 + r }) * skb
+        self.bias.as_ref().map_or(0, |bias| bias_row(&bias.dims, span.b, span.hq, span.i0 + r))
     }
 
-    /// The additive row of row `r` of the query block (query row `i`, at key position `pos`) of
-    /// batch `b` against key tile `tile`: the bias from `panel` (which must hold the tile), else
-    /// the key-mask row, else none; ALiBi's term is computed by the row kernel itself.
+    /// The additive row of row `r` of the query block (query row `i` of head `hq`, at key
+    /// position `pos`) of batch `b` against key tile `tile`: the bias (in place, or from `panel`,
+    /// which must then hold the tile), else the key-mask row, else none; ALiBi's term is computed
+    /// by the row kernel itself.
+    #[allow(clippy::too_many_arguments)]
     #[inline]
-    pub(crate) fn row(&self, panel: &BiasPanel, b: usize, r: usize, pos: i64, tile: usize, alibi2: f32) -> RowExtra {
+    pub(crate) fn row(&self, panel: &BiasPanel, b: usize, hq: usize, r: usize, i: usize, pos: i64, tile: usize, alibi2: f32) -> RowExtra {
         let j0 = tile * BC;
-        let add = if self.bias.is_some() {
+        let add = if let (true, Some(Bias { data: BiasData::F32(x), dims })) = (self.in_place, &self.bias) {
+            // In range: in-place mode has whole tiles, so j0 + BC ≤ Sk.
+            x[bias_row(dims, b, hq, i) + j0..][..BC].as_ptr()
+        } else if self.bias.is_some() {
             debug_assert!(panel.holds(tile));
             panel.row(r, tile)
         } else if self.key_mask {
@@ -161,6 +210,19 @@ impl<'a> Prep<'a> {
         };
         RowExtra { add, alibi: alibi2, dist0: (pos - j0 as i64) as f32 }
     }
+}
+
+/// How many key tiles ahead of the one computed an in-place bias is prefetched (measured at
+/// S = 2048 on a 2-core EPYC: 1 is too late, 2 to 6 all about as good).
+pub(crate) const PREFETCH_TILES: usize = 4;
+
+/// Element offset of key 0 of the bias row that query row `i` of head `hq` in batch row `b`
+/// reads (a broadcast dimension of the bias contributes 0).
+#[inline]
+fn bias_row(dims: &[usize; 4], b: usize, hq: usize, i: usize) -> usize {
+    let [bb, hb, sqb, skb] = *dims;
+    let bh = (if bb == 1 { 0 } else { b }) * hb + if hb == 1 { 0 } else { hq };
+    (bh * sqb + if sqb == 1 { 0 } else { i }) * skb
 }
 
 /// Query rows `i0..i0 + rows` of batch `b`, head `hq`, over key tiles `t0..t1`: what one
@@ -189,9 +251,9 @@ pub(crate) struct BiasPanel {
 }
 
 impl BiasPanel {
-    /// A panel for runs of up to `tiles` key tiles, or an empty one when `prep` has no bias.
+    /// A panel for runs of up to `tiles` key tiles, or an empty one when `prep` needs none.
     pub(crate) fn new(prep: &Prep<'_>, tiles: usize) -> Self {
-        let width = if prep.has_bias() { tiles * BC } else { 0 };
+        let width = if prep.uses_panel() { tiles * BC } else { 0 };
         Self { buf: vec![0.0; BR * width], width, stride: 0, t0: 0, t1: 0 }
     }
 
@@ -251,6 +313,18 @@ fn fill<E: HostElement>(dst: &mut [f32], x: &[E], off: usize, per_key: bool, k0:
             }
         }
     }
+}
+
+/// Asks the caches for the line holding `p`. A hint only: never faults, a no-op off x86-64.
+#[inline(always)]
+pub(crate) fn prefetch_line(p: *const u8) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: prefetch never dereferences.
+    unsafe {
+        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(p as *const i8)
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = p;
 }
 
 /// Prefetches bytes `[start, start + len)` of the allocation at `base` into L2, one request per

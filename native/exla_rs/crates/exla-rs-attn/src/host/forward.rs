@@ -12,7 +12,7 @@ use rayon::prelude::*;
 
 use super::dropout::{keep_tile_fn, KeepTileFn, MUL, NO_DROPOUT};
 use super::extra::{BiasPanel, PanelSpan, Prep, PANEL_TILES};
-use super::kernels::{Gemm, Isa, RowExtra, LOG2_E, PAD};
+use super::kernels::{Gemm, Isa, Prefetch, RowExtra, LOG2_E, PAD};
 use super::{round_up, FwdInputs, FwdOutputs, HostElement, SyncPtr};
 use crate::philox::Dropout;
 use crate::{AttnOptions, AttnShape, Extras, KeyRange};
@@ -45,6 +45,10 @@ struct RowCtx<'p, 'a> {
     /// Dropout and its generator (read only in the `DROP` instances).
     dropout: Dropout,
     keep_tile: KeepTileFn,
+    /// In-place bias: this task's block over its key tiles, and the next task's (whose first
+    /// tiles are prefetched while this one computes its last).
+    block: PanelSpan,
+    next: Option<PanelSpan>,
 }
 
 pub(super) fn run<T: HostElement, K: Isa>(shape: &AttnShape, opts: &AttnOptions, inp: FwdInputs<'_, T>, out: FwdOutputs<'_, T>, ex: &Extras<'_>) {
@@ -160,8 +164,9 @@ fn run_impl<T: HostElement, K: Isa, const EXT: bool, const DROP: bool>(shape: &A
                 let kt = &kt[bkv * ntk * d * BC..(bkv + 1) * ntk * d * BC];
                 let vp = &vp[bkv * ntk * BC * dp..(bkv + 1) * ntk * BC * dp];
                 let vbad = &vbad[bkv * ntk..(bkv + 1) * ntk];
-                let ctx = RowCtx { prep, b, hq, i0, q_start: qst as i64, alibi2: if EXT { prep.alibi2(hq) } else { 0.0 }, dropout, keep_tile };
                 let tiles = block.start / BC..block.end.div_ceil(BC);
+                let next_block = if EXT && prep.in_place() { first_span(task + 1) } else { None };
+                let ctx = RowCtx { prep, b, hq, i0, q_start: qst as i64, alibi2: if EXT { prep.alibi2(hq) } else { 0.0 }, dropout, keep_tile, block: PanelSpan { b, hq, i0, rows, t0: tiles.start, t1: tiles.end }, next: next_block };
                 scr.panel.clear();
                 // The span the panel is filled with after the current one.
                 let mut next: Option<PanelSpan> = None;
@@ -170,7 +175,7 @@ fn run_impl<T: HostElement, K: Isa, const EXT: bool, const DROP: bool>(shape: &A
                         // key_mask hides every key of this tile from this batch row.
                         continue;
                     }
-                    if EXT && prep.has_bias() {
+                    if EXT && prep.uses_panel() {
                         if !scr.panel.holds(tile) {
                             // The bias of this tile and the next ones, copied in runs of KiBs.
                             let span = PanelSpan { b, hq, i0, rows, t0: tile, t1: (tile + panel_tiles).min(tiles.end) };
@@ -229,6 +234,7 @@ fn step<K: Isa, const EXT: bool, const DROP: bool>(scr: &mut Scratch, opts: &Att
             c: scr.s.as_mut_ptr(),
             ldc: BC,
             accumulate: false,
+            pf: if EXT && ctx.prep.in_place() { ctx.prep.prefetch_ahead(&ctx.block, ctx.next.as_ref(), tile) } else { Prefetch::NONE },
         });
     }
     let (mut clo, mut chi) = (BC, 0);
@@ -251,7 +257,7 @@ fn step<K: Isa, const EXT: bool, const DROP: bool>(scr: &mut Scratch, opts: &Att
         }
         let (m_new, sum) = if EXT {
             let i = ctx.i0 + r;
-            let ext: RowExtra = ctx.prep.row(&scr.panel, ctx.b, r, ctx.q_start + i as i64, tile, ctx.alibi2);
+            let ext: RowExtra = ctx.prep.row(&scr.panel, ctx.b, ctx.hq, r, i, ctx.q_start + i as i64, tile, ctx.alibi2);
             // SAFETY: srow and the extras' row have BC elements, a < b ≤ BC.
             let (m_new, sum) = unsafe { K::fwd_row_ext(srow.as_mut_ptr(), BC, a, b, opts.softcap, scr.m[r], ext) };
             if m_new == f32::NEG_INFINITY {
@@ -307,6 +313,7 @@ fn step<K: Isa, const EXT: bool, const DROP: bool>(scr: &mut Scratch, opts: &Att
                     c: scr.o.as_mut_ptr().add(r * dp),
                     ldc: dp,
                     accumulate: true,
+                pf: Prefetch::NONE,
                 });
             }
         }
@@ -325,6 +332,7 @@ fn step<K: Isa, const EXT: bool, const DROP: bool>(scr: &mut Scratch, opts: &Att
                 c: scr.o.as_mut_ptr(),
                 ldc: dp,
                 accumulate: true,
+            pf: Prefetch::NONE,
             });
         }
     }

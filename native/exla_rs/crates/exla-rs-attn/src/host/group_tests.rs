@@ -58,6 +58,9 @@ fn cases() -> Vec<Case> {
         Case { opts: AttnOptions { softcap: 2.0, ..case(b, sq, sk, h, hkv, d, [0; 4]).opts }, ..case(b, sq, sk, h, hkv, d, [b, h, sq, 1]) },
         // Batch 1, one kv head: the owned mode with B = Bb = 1.
         case(1, 70, 1000, 2, 1, 8, [1, 2, 70, 1000]),
+        // Whole key tiles, no key mask: an f32 bias is read in place (owned, and summed).
+        case(2, 130, 320, 2, 2, 8, [2, 2, 130, 320]),
+        Case { opts: AttnOptions { window_right: 0, ..case(b, sq, sk, h, hkv, d, [0; 4]).opts }, ..case(2, 130, 256, 4, 2, 8, [1, 4, 130, 256]) },
     ];
     // Dropout with an owned bias and the key mask.
     let key = [0x1234_5678, 42];

@@ -32,6 +32,33 @@ pub(crate) struct Gemm {
     pub ldc: usize,
     /// false: `C = A·B` (C's old contents ignored); true: `C += A·B`.
     pub accumulate: bool,
+    /// Lines of some other array to ask the caches for while this product runs.
+    pub pf: Prefetch,
+}
+
+/// `rows` runs of `lines` cache lines, `stride` bytes apart from `base`, which a [`Gemm`] asks the
+/// caches for a few at a time, spread over its micro-kernel calls: data a later tile needs
+/// arrives while this one computes, and the requests never pile up in a burst that stalls the
+/// loads of the product itself (256 prefetches in a row did, measured).
+#[derive(Clone, Copy)]
+pub(crate) struct Prefetch {
+    pub base: *const u8,
+    pub stride: usize,
+    pub rows: usize,
+    pub lines: usize,
+}
+
+impl Prefetch {
+    pub(crate) const NONE: Prefetch = Prefetch { base: core::ptr::null(), stride: 0, rows: 0, lines: 0 };
+
+    /// Requests lines `lo..hi` of the `rows·lines` (row-major order). A hint: never faults.
+    #[inline(always)]
+    fn lines(&self, lo: usize, hi: usize) {
+        for l in lo..hi {
+            let off = (l / self.lines) * self.stride + (l % self.lines) * 64;
+            super::extra::prefetch_line(self.base.wrapping_add(off));
+        }
+    }
 }
 
 /// What the optional operands add to one row of a score tile, in natural units (the kernels
@@ -155,6 +182,9 @@ macro_rules! isa_kernels {
                 debug_assert!(g.n % L == 0);
                 let nvec = g.n / L;
                 let mut jv = 0;
+                // The prefetch requests, spread evenly over the micro-kernel calls.
+                let (pf_total, calls) = (g.pf.rows * g.pf.lines, g.m.div_ceil(R_MAIN) * nvec.div_ceil(NV_MAIN));
+                let mut call = 0;
                 // Column panels outermost: one panel of B (k × NV·L) stays in L1 while every
                 // row group streams past it.
                 while jv < nvec {
@@ -162,6 +192,10 @@ macro_rules! isa_kernels {
                     let mut i = 0;
                     while i < g.m {
                         let r = (g.m - i).min(R_MAIN);
+                        if pf_total > 0 {
+                            g.pf.lines(call * pf_total / calls, (call + 1) * pf_total / calls);
+                            call += 1;
+                        }
                         match nv {
                             1 => micro_dyn::<1>(&g, r, i, jv * L),
                             2 if NV_MAIN >= 2 => micro_dyn::<2>(&g, r, i, jv * L),
@@ -214,6 +248,19 @@ macro_rules! isa_kernels {
                         let y = s::mul(c2, tanh(s::mul(x, inv)));
                         s::store(sp.add(j), if EXT { add_ext(y, j, ext) } else { y });
                     }
+                } else if EXT && a == 0 && b == n && n % (2 * L) == 0 {
+                    // A whole row (the common case): the extras' add and the row max in one
+                    // pass, so the row is read and written once before the exp2 pass.
+                    let (mut m0, mut m1) = (s::splat(f32::NEG_INFINITY), s::splat(f32::NEG_INFINITY));
+                    for j in (0..n).step_by(2 * L) {
+                        let x0 = add_ext(s::load(sp.add(j)), j, ext);
+                        let x1 = add_ext(s::load(sp.add(j + L)), j + L, ext);
+                        s::store(sp.add(j), x0);
+                        s::store(sp.add(j + L), x1);
+                        m0 = s::max(m0, x0);
+                        m1 = s::max(m1, x1);
+                    }
+                    return fwd_row_exp(sp, n, s::hmax(s::max(m0, m1)).max(m_old));
                 } else if EXT {
                     for j in (0..n).step_by(L) {
                         s::store(sp.add(j), add_ext(s::load(sp.add(j)), j, ext));
@@ -235,7 +282,19 @@ macro_rules! isa_kernels {
                     m0 = s::max(m0, s::load(sp.add(j)));
                 }
                 let m_new = s::hmax(s::max(m0, m1)).max(m_old);
-                if EXT && m_new == f32::NEG_INFINITY {
+                if EXT {
+                    fwd_row_exp(sp, n, m_new)
+                } else {
+                    fwd_row_exp_finite(sp, n, m_new)
+                }
+            }
+
+            /// The end of [`fwd_row_impl`] with extras: a row whose every score so far is `-inf`
+            /// (key mask, `-inf` bias) gets no weight (and no `-inf - -inf` NaN).
+            $(#[$feat])?
+            #[inline]
+            unsafe fn fwd_row_exp(sp: *mut f32, n: usize, m_new: f32) -> (f32, f32) {
+                if m_new == f32::NEG_INFINITY {
                     // Everything seen so far is -inf (key mask, -inf bias): no weight, and no
                     // `-inf - -inf` NaN below.
                     for j in 0..n {
@@ -243,6 +302,13 @@ macro_rules! isa_kernels {
                     }
                     return (f32::NEG_INFINITY, 0.0);
                 }
+                fwd_row_exp_finite(sp, n, m_new)
+            }
+
+            /// `p = 2^(s2 - m)` in place (masked: 2^-inf -> exactly 0), and `(m, Σp)`.
+            $(#[$feat])?
+            #[inline]
+            unsafe fn fwd_row_exp_finite(sp: *mut f32, n: usize, m_new: f32) -> (f32, f32) {
                 // p = 2^(s2 - m) (masked: 2^-inf -> exactly 0) and its sum.
                 let mneg = s::splat(m_new);
                 let mut sum = s::zero();

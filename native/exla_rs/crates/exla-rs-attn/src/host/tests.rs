@@ -443,6 +443,13 @@ fn ext_cases() -> Vec<Case> {
         Case::new(2, 20, 40, 2, 2, 8).bias([1, 2, 1, 40]),
         Case::new(2, 20, 40, 2, 2, 8).bias([2, 1, 20, 1]).cap(2.0),
         Case::new(1, 20, 40, 3, 3, 8).bias([1, 1, 1, 1]),
+        // f32 biases read in place (whole key tiles, no key mask): every pattern the in-place
+        // reads take, with causal / q_start, window, softcap, ALiBi, kv_len, -inf entries.
+        Case::new(2, 70, 128, 4, 2, 16).bias([2, 4, 70, 128]).win(-1, 0).qs(&[58, 10]),
+        Case::new(2, 65, 192, 2, 2, 8).bias([1, 2, 65, 192]).cap(3.0).kv(&[192, 150]),
+        Case::new(2, 33, 128, 4, 1, 8).bias([2, 1, 33, 128]).win(30, 40).alibi(),
+        Case::new(1, 20, 64, 2, 2, 8).bias([1, 1, 1, 64]),
+        Case::new(1, 130, 256, 2, 1, 32).bias([1, 2, 130, 256]).neg_inf(),
         // -inf bias: a row fully masked by the bias, scattered -inf entries.
         Case::new(2, 30, 50, 2, 2, 8).bias([1, 2, 30, 50]).neg_inf(),
         Case::new(1, 30, 50, 2, 1, 8).bias([1, 1, 30, 50]).neg_inf().win(-1, 0).qs(&[20]).cap(4.0),
@@ -676,13 +683,13 @@ fn empty_sequences() {
 #[test]
 #[ignore]
 fn gemm_peak() {
-    use super::kernels::{Gemm, Isa};
+    use super::kernels::{Gemm, Isa, Prefetch};
     let (m, n, k) = (64, 64, 64);
     let a = vec![0.5f32; m * k];
     let b = vec![0.25f32; k * n];
     let mut c = vec![0f32; m * n];
     let reps = 20000;
-    let g = Gemm { m, n, k, a: a.as_ptr(), a_rs: k, a_cs: 1, b: b.as_ptr(), ldb: n, c: c.as_mut_ptr(), ldc: n, accumulate: true };
+    let g = Gemm { m, n, k, a: a.as_ptr(), a_rs: k, a_cs: 1, b: b.as_ptr(), ldb: n, c: c.as_mut_ptr(), ldc: n, accumulate: true, pf: Prefetch::NONE };
     let t = std::time::Instant::now();
     for _ in 0..reps {
         unsafe { super::kernels::avx512::Kernels::gemm(g) };
