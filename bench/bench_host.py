@@ -241,6 +241,15 @@ def child_extras(args) -> dict:
     return {key: {"best_ms": 1e3 * min(t), "median_ms": 1e3 * sorted(t)[len(t) // 2], "cpu_ms": 1e3 * min(cpu[key])} for key, t in times.items()}
 
 
+def reference_of(name: str) -> str:
+    """The configuration an extras row is compared with: the same call without the option."""
+    if name in ("ALiBi causal", "dropout 0.1 causal"):
+        return "causal"
+    if name in ("key_mask right 3/4", "key_mask left 1/4"):
+        return "kv_len 3/4"
+    return "kv_len only"
+
+
 def run_extras(args) -> None:
     """The extras table: new library (every configuration) and, when --old-lib is given, the
     previous library (the configurations it has) in alternating child processes."""
@@ -249,8 +258,11 @@ def run_extras(args) -> None:
     # --dropout: only dropout beside its two references, in its own section (issue 11).
     names = list(DROPOUT_CONFIGS) if args.dropout else [n for n in EXTRAS_CONFIGS if n not in DROPOUT_ONLY]
     if args.only:
-        # --only "kv_len only;bias {1,H,S,S}": a quick look at a few configurations.
-        names = [n for n in names if n in args.only.split(";")]
+        # --only "ALiBi;bias {1,H,S,S}": a quick look at a few configurations, with the ones they
+        # are compared with (never written to RESULTS.md).
+        only = args.only.split(";")
+        keep = set(only) | {"kv_len only"} | {reference_of(n) for n in only}
+        names = [n for n in names if n in keep]
     new_keys = [f"{n}|{p}" for n in names for p in ("fwd", "fwd+bwd")] + ([] if args.dropout else ["bias read", "bias copy"])
     old_keys = [f"{n}|{p}" for n in names if EXTRAS_CONFIGS[n][1] for p in ("fwd", "fwd+bwd")]
     new_lib = str(Path(os.environ.get("EXLA_RS_XLA_LIB", ROOT / "native/exla_rs/target/release/libexla_rs_xla.so")))
@@ -301,13 +313,10 @@ def run_extras(args) -> None:
         for p in ("fwd", "fwd+bwd"):
             key = f"{name}|{p}"
             new = get("new", key)
-            base = get("new", f"kv_len only|{p}")
             old = get("old", key)
-            vs_causal = name in ("ALiBi causal", "dropout 0.1 causal")
-            ref = get("new", f"causal|{p}") if vs_causal else get("new", f"kv_len 3/4|{p}") if name in ("key_mask right 3/4", "key_mask left 1/4") else base
-            ratio = f"{(new[0] / ref[0] - 1) * 100:+.1f}% / {(new[2] / ref[2] - 1) * 100:+.1f}%" + (
-                " (vs causal)" if vs_causal else " (vs kv_len 3/4)" if ref is not base else ""
-            )
+            ref_name = reference_of(name)
+            ref = get("new", f"{ref_name}|{p}")
+            ratio = f"{(new[0] / ref[0] - 1) * 100:+.1f}% / {(new[2] / ref[2] - 1) * 100:+.1f}%" + ("" if ref_name == "kv_len only" else f" (vs {ref_name})")
             lines.append(
                 f"| {name} | {p} | {new[0]:.1f} ({new[1]:.1f}) | {new[2]:.1f} | {ratio if name != 'kv_len only' else '—'} | "
                 + (f"{old[0]:.1f} ({old[1]:.1f}) | {old[2]:.1f} | {new[0] / old[0]:.3f} / {new[2] / old[2]:.3f} |" if old else "— | — | — |")
@@ -333,7 +342,7 @@ def run_extras(args) -> None:
             )
     section = "\n".join(lines) + "\n"
     print(section)
-    if not (args.quick or args.no_write):
+    if not (args.quick or args.no_write or args.only):
         path = ROOT / "bench/RESULTS.md"
         text = path.read_text()
         pat = re.compile("^" + re.escape(title) + r".*?(?=^## |\Z)", re.S | re.M)

@@ -313,7 +313,7 @@ fn step<K: Isa, const EXT: bool, const DROP: bool>(scr: &mut Scratch, opts: &Att
                     c: scr.o.as_mut_ptr().add(r * dp),
                     ldc: dp,
                     accumulate: true,
-                pf: Prefetch::NONE,
+                    pf: Prefetch::NONE,
                 });
             }
         }
@@ -332,7 +332,7 @@ fn step<K: Isa, const EXT: bool, const DROP: bool>(scr: &mut Scratch, opts: &Att
                 c: scr.o.as_mut_ptr(),
                 ldc: dp,
                 accumulate: true,
-            pf: Prefetch::NONE,
+                pf: Prefetch::NONE,
             });
         }
     }
