@@ -62,6 +62,8 @@ fn main() {
     let (mut dq, mut dk, mut dv) = (vec![0f32; n], vec![0f32; n], vec![0f32; n]);
     let mut dbias = vec![0f32; h * s * s + 16];
     let mut best = vec![[f64::INFINITY; 4]; configs.len()];
+    // Every rep's times, for the paired differences against the first configuration.
+    let mut all: Vec<Vec<[f64; 4]>> = vec![Vec::with_capacity(reps); configs.len()];
     for _ in 0..reps {
         for (c, (_, ex, want_db)) in configs.iter().enumerate() {
             let (t, cpu) = (Instant::now(), cpu_secs());
@@ -70,6 +72,7 @@ fn main() {
             if fwd_only {
                 best[c][0] = best[c][0].min(tf);
                 best[c][1] = best[c][1].min(cf);
+                all[c].push([tf, cf, 0.0, 0.0]);
                 continue;
             }
             let (t, cpu) = (Instant::now(), cpu_secs());
@@ -95,6 +98,7 @@ fn main() {
             for (x, y) in best[c].iter_mut().zip([tf, cf, tb, cb]) {
                 *x = x.min(y);
             }
+            all[c].push([tf, cf, tb, cb]);
         }
     }
     // The yardsticks of the bias bar: one plain read of the bias (a sum, one thread, like XLA's
@@ -114,5 +118,16 @@ fn main() {
     println!("one read of the bias  {:7.1} {:7.1}   one write of dbias {:7.1} {:7.1}", read[0] * 1e3, read[1] * 1e3, write[0] * 1e3, write[1] * 1e3);
     for ((name, _, _), b) in configs.iter().zip(&best) {
         println!("{name:18} fwd {:7.1} {:7.1}   bwd {:7.1} {:7.1}", b[0] * 1e3, b[1] * 1e3, b[2] * 1e3, b[3] * 1e3);
+    }
+    // The machine's speed drifts (a shared VM): two calls of the same rep, timed back to back,
+    // see the same speed, so the median of their difference is steadier than best minus best.
+    println!("paired: median over reps of (configuration - {}) in the same rep, ms", configs[0].0);
+    for ((name, _, _), reps) in configs.iter().zip(&all).skip(1) {
+        let med = |f: usize| {
+            let mut d: Vec<f64> = reps.iter().zip(&all[0]).map(|(x, y)| x[f] - y[f]).collect();
+            d.sort_by(f64::total_cmp);
+            d[d.len() / 2] * 1e3
+        };
+        println!("{name:18} fwd {:+7.1} {:+7.1}   bwd {:+7.1} {:+7.1}", med(0), med(1), med(2), med(3));
     }
 }

@@ -9,7 +9,9 @@
 //!   added, with no zero fill first. Entries no tile computes (query blocks a mask or causality
 //!   keeps away from the group, tiles the key mask hides) are written as zeros by the same task.
 //!   A large f32 `dbias` is written with streaming stores, so writing it costs one write and no
-//!   read of the old contents.
+//!   read of the old contents; its pages are mapped first, huge where the kernel grants them
+//!   (`pages.rs`: XLA hands out a fresh result, and faulting it in 4 KiB at a time cost more than
+//!   the write).
 //! - summed: a broadcast bias sums `dZ` over the broadcast dims into an f32 accumulator (`dbias`
 //!   itself when f32, else a copy rounded at the end), zeroed first, each region under its lock.
 
@@ -17,7 +19,7 @@ use std::sync::Mutex;
 
 use rayon::prelude::*;
 
-use super::{HostElement, SyncPtr};
+use super::{pages, HostElement, SyncPtr};
 use crate::{AttnShape, BiasGrad};
 
 /// At least this many bytes of f32 `dbias` are written with streaming (non-temporal) stores: far
@@ -57,9 +59,10 @@ impl<'g> DbiasOut<'g> {
             BiasGrad::F16(x) => Dst::F16(SyncPtr(x.as_mut_ptr())),
             BiasGrad::BF16(x) => Dst::BF16(SyncPtr(x.as_mut_ptr())),
         };
-        if owned && stream {
+        if stream {
+            // Likely a fresh result: map its pages before the tasks (or the zero fill) touch them.
             if let Dst::F32(p) = dst {
-                prefault(p.get(), grad.len());
+                pages::populate(p.get() as *mut u8, grad.len() * 4);
             }
         }
         let mut tmp = Vec::new();
@@ -183,39 +186,6 @@ enum Dst {
     F32(SyncPtr<f32>),
     F16(SyncPtr<half::f16>),
     BF16(SyncPtr<half::bf16>),
-}
-
-/// Maps the pages of a large `dbias` before the tasks write it, a chunk per rayon task, with
-/// `MADV_POPULATE_WRITE` (Linux ≥ 5.14): XLA hands the backward a freshly allocated result, whose
-/// first touch would otherwise take one page fault per 4 KiB page in the middle of the tile
-/// loops. Measured on a 2-core EPYC VM, 128 MiB: 95-105 ms CPU of faults one page at a time,
-/// 65-75 ms populated in chunks. Pages already mapped cost a page-table walk. A hint: any error
-/// (an older kernel, another OS) leaves the pages to fault as before, and the contents are never
-/// changed.
-fn prefault(ptr: *mut f32, len: usize) {
-    #[cfg(target_os = "linux")]
-    {
-        extern "C" {
-            fn madvise(addr: *mut core::ffi::c_void, len: usize, advice: i32) -> i32;
-        }
-        const MADV_POPULATE_WRITE: i32 = 23;
-        const PAGE: usize = 4096;
-        const CHUNK: usize = 2 << 20;
-        let (start, end) = (ptr as usize, ptr as usize + len * 4);
-        // Whole pages only: the first and last partial pages may hold other data of the process
-        // (populating them would not change it, but keep to our own).
-        let (first, last) = (start.next_multiple_of(PAGE), end / PAGE * PAGE);
-        if first >= last {
-            return;
-        }
-        (first..last).into_par_iter().step_by(CHUNK).for_each(|at| {
-            // SAFETY: [at, at + n) lies inside dbias, which this call may write entirely;
-            // MADV_POPULATE_WRITE only maps the pages, as a write of their current contents would.
-            unsafe { madvise(at as *mut core::ffi::c_void, CHUNK.min(last - at), MADV_POPULATE_WRITE) };
-        });
-    }
-    #[cfg(not(target_os = "linux"))]
-    let _ = (ptr, len);
 }
 
 /// Zeroes a whole `dbias` (a call that computes no tile at all).

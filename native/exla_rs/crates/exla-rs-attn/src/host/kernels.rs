@@ -51,13 +51,53 @@ pub(crate) struct Prefetch {
 impl Prefetch {
     pub(crate) const NONE: Prefetch = Prefetch { base: core::ptr::null(), stride: 0, rows: 0, lines: 0 };
 
-    /// Requests lines `lo..hi` of the `rows·lines` (row-major order). A hint: never faults.
+    /// A cursor that hands out this plan's requests over `calls` micro-kernel calls.
     #[inline(always)]
-    fn lines(&self, lo: usize, hi: usize) {
-        for l in lo..hi {
-            let off = (l / self.lines) * self.stride + (l % self.lines) * 64;
-            super::extra::prefetch_line(self.base.wrapping_add(off));
+    fn spread(&self, calls: usize) -> PrefetchCursor {
+        let total = self.rows * self.lines;
+        let calls = calls.max(1);
+        PrefetchCursor { row: self.base, line: 0, lines: self.lines, stride: self.stride, left: total, per_call: total / calls, rem: total % calls, err: 0, calls }
+    }
+}
+
+/// Walks a [`Prefetch`] plan in row-major order, `per_call` requests per micro-kernel call and one
+/// more on `rem` of the `calls` (Bresenham). No division per request: with a `l / lines`,
+/// `l % lines` per line and two per call, `gemm`'s own samples in an S = 2048 forward with a bias
+/// were 8.5% of the micro-kernels' (perf); with the cursor, 4.6% (1.4% without a plan).
+struct PrefetchCursor {
+    row: *const u8,
+    line: usize,
+    lines: usize,
+    stride: usize,
+    left: usize,
+    per_call: usize,
+    rem: usize,
+    err: usize,
+    calls: usize,
+}
+
+impl PrefetchCursor {
+    /// The requests of one micro-kernel call. A hint: never faults.
+    #[inline(always)]
+    fn step(&mut self) {
+        if self.left == 0 {
+            return;
         }
+        let mut n = self.per_call;
+        self.err += self.rem;
+        if self.err >= self.calls {
+            self.err -= self.calls;
+            n += 1;
+        }
+        for _ in 0..n.min(self.left) {
+            super::extra::prefetch_line(self.row.wrapping_add(self.line * 64));
+            self.line += 1;
+            if self.line == self.lines {
+                self.line = 0;
+                self.row = self.row.wrapping_add(self.stride);
+            }
+        }
+        self.left -= n.min(self.left);
     }
 }
 
@@ -183,8 +223,7 @@ macro_rules! isa_kernels {
                 let nvec = g.n / L;
                 let mut jv = 0;
                 // The prefetch requests, spread evenly over the micro-kernel calls.
-                let (pf_total, calls) = (g.pf.rows * g.pf.lines, g.m.div_ceil(R_MAIN) * nvec.div_ceil(NV_MAIN));
-                let mut call = 0;
+                let mut pf = g.pf.spread(g.m.div_ceil(R_MAIN) * nvec.div_ceil(NV_MAIN));
                 // Column panels outermost: one panel of B (k × NV·L) stays in L1 while every
                 // row group streams past it.
                 while jv < nvec {
@@ -192,10 +231,7 @@ macro_rules! isa_kernels {
                     let mut i = 0;
                     while i < g.m {
                         let r = (g.m - i).min(R_MAIN);
-                        if pf_total > 0 {
-                            g.pf.lines(call * pf_total / calls, (call + 1) * pf_total / calls);
-                            call += 1;
-                        }
+                        pf.step();
                         match nv {
                             1 => micro_dyn::<1>(&g, r, i, jv * L),
                             2 if NV_MAIN >= 2 => micro_dyn::<2>(&g, r, i, jv * L),

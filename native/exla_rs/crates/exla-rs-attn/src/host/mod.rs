@@ -28,6 +28,7 @@ mod forward;
 #[cfg(test)]
 mod group_tests;
 mod kernels;
+mod pages;
 mod simd;
 #[cfg(test)]
 mod tests;

@@ -472,6 +472,23 @@ fn extras_f32_every_isa() {
     }
 }
 
+/// A `dbias` of 8 MiB or more takes other paths: its pages are populated first (huge pages where
+/// the kernel grants them), an owned one is written with streaming stores, a summed one zeroed
+/// after populating. One owned and one summed case past that size, causal and kv_len leaving
+/// zeros to stream.
+#[test]
+fn large_dbias() {
+    let cases = [
+        Case::new(1, 1040, 1088, 2, 1, 8).bias([1, 2, 1040, 1088]).win(-1, 0).qs(&[48]).kv(&[1000]),
+        Case::new(2, 1040, 1088, 2, 2, 8).bias([2, 1, 1040, 1088]).neg_inf(),
+    ];
+    for (n, c) in cases.iter().enumerate() {
+        let dims = c.bias.unwrap();
+        assert!(dims.iter().product::<usize>() * 4 >= 8 << 20);
+        run_case::<f32>(dispatch(), c, 1e-4, 9000 + n as u64);
+    }
+}
+
 #[test]
 fn extras_f16_bf16() {
     for (n, c) in ext_cases().iter().enumerate() {
