@@ -241,7 +241,7 @@ def child_extras(args) -> dict:
     # Every rep's times as well: the parent pairs the reps of two configurations (timed one right
     # after the other) to take their difference where the machine's speed was the same.
     return {
-        key: {"best_ms": 1e3 * min(t), "median_ms": 1e3 * sorted(t)[len(t) // 2], "cpu_ms": 1e3 * min(cpu[key]), "wall_reps": [1e3 * x for x in t], "cpu_reps": [1e3 * x for x in cpu[key]]}
+        key: {"best_ms": 1e3 * min(t), "median_ms": 1e3 * sorted(t)[len(t) // 2], "wall_reps": [1e3 * x for x in t], "cpu_reps": [1e3 * x for x in cpu[key]]}
         for key, t in times.items()
     }
 
@@ -284,29 +284,29 @@ def run_extras(args) -> None:
                 raise RuntimeError(f"{tag} child failed:\n{res.stderr[-3000:]}")
             out = json.loads(res.stdout.strip().splitlines()[-1])
             for key, r in out.items():
-                cur = best.setdefault((tag, key), {"best_ms": float("inf"), "cpu_ms": float("inf"), "medians": [], "wall_reps": [], "cpu_reps": []})
-                cur["best_ms"] = min(cur["best_ms"], r["best_ms"])
-                cur["cpu_ms"] = min(cur["cpu_ms"], r["cpu_ms"])
+                cur = best.setdefault((tag, key), {"medians": [], "wall_reps": [], "cpu_reps": []})
                 cur["medians"].append(r["median_ms"])
                 cur["wall_reps"] += r["wall_reps"]
                 cur["cpu_reps"] += r["cpu_reps"]
             print(f"round {rnd} {tag}: " + ", ".join(f"{k} {v['best_ms']:.0f}" for k, v in out.items()), flush=True)
 
+    med = lambda xs: sorted(xs)[len(xs) // 2]
+
     def get(tag, key):
+        """(best wall, median of the rounds' medians, best CPU) over every rep of every round."""
         r = best.get((tag, key))
-        return (r["best_ms"], sorted(r["medians"])[len(r["medians"]) // 2], r["cpu_ms"]) if r else None
+        return (min(r["wall_reps"]), med(r["medians"]), min(r["cpu_reps"])) if r else None
 
     def paired(tag, key, ref_key):
         """Median over reps of (key's time - ref_key's time in the same rep), wall and CPU: the
         machine's speed drifts by tens of percent over minutes on a shared VM, and two calls timed
         back to back see the same speed, where the best of each may come from different moments."""
         a, b = best.get((tag, key)), best.get((tag, ref_key))
-        med = lambda xs: sorted(xs)[len(xs) // 2]
         return tuple(med([x - y for x, y in zip(a[f], b[f])]) for f in ("wall_reps", "cpu_reps"))
 
     def median_of(tag, key):
         r = best.get((tag, key))
-        return tuple(sorted(r[f])[len(r[f]) // 2] for f in ("wall_reps", "cpu_reps"))
+        return tuple(med(r[f]) for f in ("wall_reps", "cpu_reps"))
 
     bias_mib = H * s * s * 4 / 2**20
     read = get("new", "bias read")

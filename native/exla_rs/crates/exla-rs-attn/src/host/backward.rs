@@ -292,7 +292,7 @@ fn run_impl<T: HostElement, K: Isa, const EXT: bool, const DROP: bool>(shape: &A
                     }
                     // In-place bias: the tile PREFETCH_TILES ahead (in this task's order) is
                     // asked for during this one's score product.
-                    let pf = if EXT && call.prep.in_place() { call.prep.prefetch_ahead(&span, next.as_ref(), kb) } else { Prefetch::NONE };
+                    let pf = if EXT { call.prep.prefetch_ahead(&span, next.as_ref(), kb) } else { Prefetch::NONE };
                     let dz_col = (kb - kb0) * BC;
                     if EXT && !call.prep.tile_visible(b, kb) {
                         // key_mask hides every key of this tile from batch row b.

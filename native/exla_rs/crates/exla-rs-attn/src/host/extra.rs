@@ -71,11 +71,14 @@ impl<'a> Prep<'a> {
         self.bias.is_some() && !self.in_place
     }
 
-    /// In-place mode: what a tile loop working on key tile `tile` of `span` (its block's tiles
-    /// end at `span.t1`) prefetches: the bias [`PREFETCH_TILES`] tiles ahead, past the block's
-    /// last tile the first tiles of `next` (the block the loop computes next, if any).
+    /// What a tile loop working on key tile `tile` of `span` (its block's tiles end at `span.t1`)
+    /// prefetches: in in-place mode the bias [`PREFETCH_TILES`] tiles ahead, past the block's last
+    /// tile the first tiles of `next` (the block the loop computes next, if any); else nothing.
     #[inline]
     pub(crate) fn prefetch_ahead(&self, span: &PanelSpan, next: Option<&PanelSpan>, tile: usize) -> Prefetch {
+        if !self.in_place {
+            return Prefetch::NONE;
+        }
         let ahead = tile + PREFETCH_TILES;
         if ahead < span.t1 {
             return self.tile_prefetch(span.b, span.hq, span.i0, span.rows, ahead);

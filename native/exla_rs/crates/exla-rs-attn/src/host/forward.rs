@@ -234,7 +234,7 @@ fn step<K: Isa, const EXT: bool, const DROP: bool>(scr: &mut Scratch, opts: &Att
             c: scr.s.as_mut_ptr(),
             ldc: BC,
             accumulate: false,
-            pf: if EXT && ctx.prep.in_place() { ctx.prep.prefetch_ahead(&ctx.block, ctx.next.as_ref(), tile) } else { Prefetch::NONE },
+            pf: if EXT { ctx.prep.prefetch_ahead(&ctx.block, ctx.next.as_ref(), tile) } else { Prefetch::NONE },
         });
     }
     let (mut clo, mut chi) = (BC, 0);
