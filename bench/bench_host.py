@@ -323,7 +323,9 @@ def run_extras(args) -> None:
         f"Load average at the end: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores.",
         "",
         "CPU ms = the least process CPU time (all threads) of one call: other jobs on the machine stretch the wall",
-        "clock much more than they change it, so the ratios are given for both.",
+        "clock much more than they change it, so the ratios are given for both. In square brackets: the paired ratio,",
+        "the median over reps of (configuration - reference, timed back to back in the same rep) over the reference's",
+        "median, steadier than best against best where the machine's speed drifts.",
         "",
         "| configuration | pass | wall ms | CPU ms | vs kv_len only (wall / CPU) | old library wall ms | old CPU ms | new / old (wall / CPU) |",
         "|---|---|---:|---:|---:|---:|---:|---:|",
@@ -335,7 +337,12 @@ def run_extras(args) -> None:
             old = get("old", key)
             ref_name = reference_of(name)
             ref = get("new", f"{ref_name}|{p}")
-            ratio = f"{(new[0] / ref[0] - 1) * 100:+.1f}% / {(new[2] / ref[2] - 1) * 100:+.1f}%" + ("" if ref_name == "kv_len only" else f" (vs {ref_name})")
+            ratio = f"{(new[0] / ref[0] - 1) * 100:+.1f}% / {(new[2] / ref[2] - 1) * 100:+.1f}%"
+            if name != "kv_len only":
+                # Paired: the median per-rep difference over the reference's median time.
+                (pw, pc), (mw, mc) = paired("new", key, f"{ref_name}|{p}"), median_of("new", f"{ref_name}|{p}")
+                ratio += f" [{pw / mw * 100:+.1f}% / {pc / mc * 100:+.1f}%]"
+            ratio += "" if ref_name == "kv_len only" else f" (vs {ref_name})"
             lines.append(
                 f"| {name} | {p} | {new[0]:.1f} ({new[1]:.1f}) | {new[2]:.1f} | {ratio if name != 'kv_len only' else '—'} | "
                 + (f"{old[0]:.1f} ({old[1]:.1f}) | {old[2]:.1f} | {new[0] / old[0]:.3f} / {new[2] / old[2]:.3f} |" if old else "— | — | — |")

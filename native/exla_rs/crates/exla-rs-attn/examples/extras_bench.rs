@@ -2,7 +2,8 @@
 //! `cargo run --release -p exla-rs-attn --example extras_bench [S] [reps] [configs, e.g. 0,3] [fwd]` (B=1, H=8,
 //! D=64, f32).
 //! Reports the best wall time and process CPU time of each configuration, run round-robin.
-//! `FRESH=1` hands the backward a newly allocated `dbias` every call, as XLA does.
+//! `FRESH=1` hands the backward a newly allocated `dbias` every call, as XLA does; `CAUSAL=1` makes
+//! every configuration causal.
 
 use exla_rs_attn::host::{backward_ext, forward_ext, BwdInputs, BwdOutputs, FwdInputs, FwdOutputs};
 use exla_rs_attn::{AttnOptions, AttnShape, Bias, BiasData, BiasGrad, Extras};
@@ -39,7 +40,9 @@ fn main() {
     let slopes: Vec<f32> = (0..h).map(|i| 2f32.powf(-8.0 * (i + 1) as f32 / h as f32)).collect();
     let kv_len = [s as i32];
     let q_start = [0i32];
-    let opts = AttnOptions { scale: 0.125, softcap: 0.0, window_left: -1, window_right: -1 };
+    // CAUSAL=1: every configuration causal (for ALiBi causal against causal).
+    let causal = std::env::var("CAUSAL").is_ok_and(|v| v == "1");
+    let opts = AttnOptions { scale: 0.125, softcap: 0.0, window_left: -1, window_right: if causal { 0 } else { -1 } };
     let configs: Vec<(&str, Extras, bool)> = vec![
         ("kv_len only", Extras::default(), false),
         ("key_mask", Extras { key_mask: Some(&mask), ..Default::default() }, false),

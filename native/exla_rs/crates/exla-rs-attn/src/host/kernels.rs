@@ -153,6 +153,20 @@ pub(crate) trait Isa: Send + Sync + 'static {
     unsafe fn bwd_row_drop(s: *mut f32, dp: *const f32, p: *mut f32, ds: *mut f32, n: usize, a: usize, b: usize, softcap: f32, lse2: f32, di: f32, ext: RowExtra, km: *const f32);
 }
 
+/// Calls `f::<LEAD.., ADD, ALIBI>(args)` with `ADD`/`ALIBI` the terms `ext` has (a non-null
+/// additive row, a nonzero ALiBi multiplier), so the row kernels test them once per row, not
+/// once per vector.
+macro_rules! by_terms {
+    ($ext:expr, $f:ident::<$($lead:literal),*>($($arg:expr),* $(,)?)) => {
+        match (!$ext.add.is_null(), $ext.alibi != 0.0) {
+            (true, false) => $f::<$($lead,)* true, false>($($arg),*),
+            (false, true) => $f::<$($lead,)* false, true>($($arg),*),
+            (true, true) => $f::<$($lead,)* true, true>($($arg),*),
+            (false, false) => $f::<$($lead,)* false, false>($($arg),*),
+        }
+    };
+}
+
 macro_rules! isa_kernels {
     ($modname:ident, $ops:ident, $r_main:literal, $nv_main:literal $(, #[$feat:meta])?) => {
         pub(crate) mod $modname {
@@ -253,15 +267,18 @@ macro_rules! isa_kernels {
                 s::div(s::sub(e, s::splat(1.0)), s::add(e, s::splat(1.0)))
             }
 
-            /// `x + log2(e)·add[j..] + alibi·|dist0 - (j..)|` for the vector at column `j`.
+            /// `x + log2(e)·add[j..] + alibi·|dist0 - (j..)|` for the vector at column `j`. `ADD`
+            /// and `ALIBI` say which terms the row has ([`by_terms`]): testing `ext` per vector
+            /// cost 2-4 CPU ms of an S = 2048 forward with a bias, a key mask or ALiBi (measured;
+            /// ~3% of it).
             $(#[$feat])?
             #[inline]
-            unsafe fn add_ext(x: V, j: usize, ext: &RowExtra) -> V {
+            unsafe fn add_ext<const ADD: bool, const ALIBI: bool>(x: V, j: usize, ext: &RowExtra) -> V {
                 let mut x = x;
-                if !ext.add.is_null() {
+                if ADD {
                     x = s::fma(s::load(ext.add.add(j)), s::splat(LOG2_E), x);
                 }
-                if ext.alibi != 0.0 {
+                if ALIBI {
                     let dist = s::sub(s::splat(ext.dist0), s::add(s::load(IOTA.as_ptr()), s::splat(j as f32)));
                     let abs = s::max(dist, s::sub(s::zero(), dist));
                     x = s::fma(abs, s::splat(ext.alibi), x);
@@ -273,7 +290,7 @@ macro_rules! isa_kernels {
             /// calls without optional operands pay nothing for them.
             $(#[$feat])?
             #[inline]
-            unsafe fn fwd_row_impl<const EXT: bool>(sp: *mut f32, n: usize, a: usize, b: usize, softcap: f32, m_old: f32, ext: &RowExtra) -> (f32, f32) {
+            unsafe fn fwd_row_impl<const EXT: bool, const ADD: bool, const ALIBI: bool>(sp: *mut f32, n: usize, a: usize, b: usize, softcap: f32, m_old: f32, ext: &RowExtra) -> (f32, f32) {
                 // The forward packs q with scale·log2(e), so `s` is already `s2` without softcap.
                 if softcap > 0.0 {
                     // s2 = c·log2(e)·tanh(x / c) with x = s / log2(e).
@@ -282,15 +299,15 @@ macro_rules! isa_kernels {
                     for j in (0..n).step_by(L) {
                         let x = s::load(sp.add(j));
                         let y = s::mul(c2, tanh(s::mul(x, inv)));
-                        s::store(sp.add(j), if EXT { add_ext(y, j, ext) } else { y });
+                        s::store(sp.add(j), if EXT { add_ext::<ADD, ALIBI>(y, j, ext) } else { y });
                     }
                 } else if EXT && a == 0 && b == n && n % (2 * L) == 0 {
                     // A whole row (the common case): the extras' add and the row max in one
                     // pass, so the row is read and written once before the exp2 pass.
                     let (mut m0, mut m1) = (s::splat(f32::NEG_INFINITY), s::splat(f32::NEG_INFINITY));
                     for j in (0..n).step_by(2 * L) {
-                        let x0 = add_ext(s::load(sp.add(j)), j, ext);
-                        let x1 = add_ext(s::load(sp.add(j + L)), j + L, ext);
+                        let x0 = add_ext::<ADD, ALIBI>(s::load(sp.add(j)), j, ext);
+                        let x1 = add_ext::<ADD, ALIBI>(s::load(sp.add(j + L)), j + L, ext);
                         s::store(sp.add(j), x0);
                         s::store(sp.add(j + L), x1);
                         m0 = s::max(m0, x0);
@@ -299,7 +316,7 @@ macro_rules! isa_kernels {
                     return fwd_row_exp(sp, n, s::hmax(s::max(m0, m1)).max(m_old));
                 } else if EXT {
                     for j in (0..n).step_by(L) {
-                        s::store(sp.add(j), add_ext(s::load(sp.add(j)), j, ext));
+                        s::store(sp.add(j), add_ext::<ADD, ALIBI>(s::load(sp.add(j)), j, ext));
                     }
                 }
                 // Mask after the softcap (tanh(-inf) would be finite).
@@ -359,7 +376,7 @@ macro_rules! isa_kernels {
             $(#[$feat])?
             #[inline]
             #[allow(clippy::too_many_arguments)]
-            unsafe fn bwd_row_impl<const EXT: bool, const DROP: bool>(sp: *mut f32, dp: *const f32, pp: *mut f32, dsp: *mut f32, n: usize, a: usize, b: usize, softcap: f32, lse2: f32, di: f32, ext: &RowExtra, km: *const f32) {
+            unsafe fn bwd_row_impl<const EXT: bool, const DROP: bool, const ADD: bool, const ALIBI: bool>(sp: *mut f32, dp: *const f32, pp: *mut f32, dsp: *mut f32, n: usize, a: usize, b: usize, softcap: f32, lse2: f32, di: f32, ext: &RowExtra, km: *const f32) {
                 let l2 = s::splat(lse2);
                 let dv = s::splat(di);
                 // A key hidden by the extras has z2 = -inf: exp2 clamps it to exactly 0, so p,
@@ -371,7 +388,7 @@ macro_rules! isa_kernels {
                     for j in (0..n).step_by(L) {
                         let t = tanh(s::mul(s::load(sp.add(j)), inv));
                         let z2 = s::mul(c2, t);
-                        let p = s::exp2(s::sub(if EXT { add_ext(z2, j, ext) } else { z2 }, l2));
+                        let p = s::exp2(s::sub(if EXT { add_ext::<ADD, ALIBI>(z2, j, ext) } else { z2 }, l2));
                         let (p, ds) = if DROP { drop_ds(p, s::load(km.add(j)), s::load(dp.add(j)), dv) } else { (p, s::mul(p, s::sub(s::load(dp.add(j)), dv))) };
                         if EXT && !dsp.is_null() {
                             s::store(dsp.add(j), ds);
@@ -385,7 +402,7 @@ macro_rules! isa_kernels {
                     let l2e = s::splat(LOG2_E);
                     for j in (0..n).step_by(L) {
                         let z2 = s::mul(s::load(sp.add(j)), l2e);
-                        let p = s::exp2(s::sub(if EXT { add_ext(z2, j, ext) } else { z2 }, l2));
+                        let p = s::exp2(s::sub(if EXT { add_ext::<ADD, ALIBI>(z2, j, ext) } else { z2 }, l2));
                         let (p, ds) = if DROP { drop_ds(p, s::load(km.add(j)), s::load(dp.add(j)), dv) } else { (p, s::mul(p, s::sub(s::load(dp.add(j)), dv))) };
                         if EXT && !dsp.is_null() {
                             s::store(dsp.add(j), ds);
@@ -414,31 +431,31 @@ macro_rules! isa_kernels {
 
             $(#[$feat])?
             unsafe fn fwd_row(sp: *mut f32, n: usize, a: usize, b: usize, softcap: f32, m_old: f32) -> (f32, f32) {
-                fwd_row_impl::<false>(sp, n, a, b, softcap, m_old, &NO_EXT)
+                fwd_row_impl::<false, false, false>(sp, n, a, b, softcap, m_old, &NO_EXT)
             }
 
             $(#[$feat])?
             #[allow(clippy::too_many_arguments)]
             unsafe fn fwd_row_ext(sp: *mut f32, n: usize, a: usize, b: usize, softcap: f32, m_old: f32, ext: RowExtra) -> (f32, f32) {
-                fwd_row_impl::<true>(sp, n, a, b, softcap, m_old, &ext)
+                by_terms!(ext, fwd_row_impl::<true>(sp, n, a, b, softcap, m_old, &ext))
             }
 
             $(#[$feat])?
             #[allow(clippy::too_many_arguments)]
             unsafe fn bwd_row(sp: *mut f32, dp: *const f32, pp: *mut f32, n: usize, a: usize, b: usize, softcap: f32, lse2: f32, di: f32) {
-                bwd_row_impl::<false, false>(sp, dp, pp, core::ptr::null_mut(), n, a, b, softcap, lse2, di, &NO_EXT, core::ptr::null())
+                bwd_row_impl::<false, false, false, false>(sp, dp, pp, core::ptr::null_mut(), n, a, b, softcap, lse2, di, &NO_EXT, core::ptr::null())
             }
 
             $(#[$feat])?
             #[allow(clippy::too_many_arguments)]
             unsafe fn bwd_row_ext(sp: *mut f32, dp: *const f32, pp: *mut f32, dsp: *mut f32, n: usize, a: usize, b: usize, softcap: f32, lse2: f32, di: f32, ext: RowExtra) {
-                bwd_row_impl::<true, false>(sp, dp, pp, dsp, n, a, b, softcap, lse2, di, &ext, core::ptr::null())
+                by_terms!(ext, bwd_row_impl::<true, false>(sp, dp, pp, dsp, n, a, b, softcap, lse2, di, &ext, core::ptr::null()))
             }
 
             $(#[$feat])?
             #[allow(clippy::too_many_arguments)]
             unsafe fn bwd_row_drop(sp: *mut f32, dp: *const f32, pp: *mut f32, dsp: *mut f32, n: usize, a: usize, b: usize, softcap: f32, lse2: f32, di: f32, ext: RowExtra, km: *const f32) {
-                bwd_row_impl::<true, true>(sp, dp, pp, dsp, n, a, b, softcap, lse2, di, &ext, km)
+                by_terms!(ext, bwd_row_impl::<true, true>(sp, dp, pp, dsp, n, a, b, softcap, lse2, di, &ext, km))
             }
 
             impl Isa for Kernels {

@@ -187,7 +187,9 @@ fn inputs<T: HostElement>(c: &Case, seed: u64) -> Inputs {
             bias[n] = f64::NEG_INFINITY;
         }
     }
-    let slopes = if c.alibi { (0..c.h).map(|h| 0.5f32.powi(h as i32 + 1) * if h == 1 { -1.0 } else { 1.0 }).collect() } else { Vec::new() };
+    // Slopes of both signs, and a zero one (head 2): the row kernels then add no ALiBi term there,
+    // which is a separate instance of them when nothing else is added.
+    let slopes = if c.alibi { (0..c.h).map(|h| 0.5f32.powi(h as i32 + 1) * match h { 1 => -1.0, 2 => 0.0, _ => 1.0 }).collect() } else { Vec::new() };
     Inputs { q, k, v, d_o, bias, slopes }
 }
 
@@ -453,7 +455,7 @@ fn ext_cases() -> Vec<Case> {
         // -inf bias: a row fully masked by the bias, scattered -inf entries.
         Case::new(2, 30, 50, 2, 2, 8).bias([1, 2, 30, 50]).neg_inf(),
         Case::new(1, 30, 50, 2, 1, 8).bias([1, 1, 30, 50]).neg_inf().win(-1, 0).qs(&[20]).cap(4.0),
-        // ALiBi (slopes of both signs), with causal, q_start, window, softcap, GQA.
+        // ALiBi (slopes of both signs and zero), with causal, q_start, window, softcap, GQA.
         Case::new(1, 40, 40, 4, 2, 8).alibi(),
         Case::new(2, 33, 100, 4, 1, 32).alibi().win(-1, 0).qs(&[67, -3]),
         Case::new(1, 66, 90, 2, 2, 64).alibi().win(10, 5).cap(5.0).kv(&[80]),
