@@ -56,8 +56,8 @@ impl<'a> Prep<'a> {
     /// no key mask to merge into it, and whole key tiles (a row's `BC` values never run past
     /// the bias's end). The tile loops then have each tile's bias prefetched a few tiles ahead
     /// by the score product ([`Prep::prefetch_ahead`]), so the bias is read once, from cache,
-    /// with no copy: measured at S = 2048, the forward's extra is about one plain read of the
-    /// bias (1.0-1.5 reads of CPU time), where the panel's copy cost 2.7 (bench/RESULTS.md).
+    /// with no copy: measured at S = 2048, the forward's extra is 0.6-0.8 of one plain read of
+    /// the bias by XLA (paired CPU time), where the panel's copy cost 2.7 (bench/RESULTS.md).
     /// Otherwise (f16/bf16, a key mask, odd `Sk`, one value per row) the bias goes through a
     /// [`BiasPanel`], converted and masked.
     #[inline]

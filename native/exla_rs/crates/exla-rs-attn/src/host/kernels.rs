@@ -56,20 +56,21 @@ impl Prefetch {
     fn spread(&self, calls: usize) -> PrefetchCursor {
         let total = self.rows * self.lines;
         let calls = calls.max(1);
-        PrefetchCursor { row: self.base, line: 0, lines: self.lines, stride: self.stride, left: total, per_call: total / calls, rem: total % calls, err: 0, calls }
+        PrefetchCursor { row: self.base, line: 0, lines: self.lines, stride: self.stride, per_call: total / calls, rem: total % calls, err: 0, calls }
     }
 }
 
 /// Walks a [`Prefetch`] plan in row-major order, `per_call` requests per micro-kernel call and one
-/// more on `rem` of the `calls` (Bresenham). No division per request: with a `l / lines`,
-/// `l % lines` per line and two per call, `gemm`'s own samples in an S = 2048 forward with a bias
-/// were 8.5% of the micro-kernels' (perf); with the cursor, 4.6% (1.4% without a plan).
+/// more on `rem` of the `calls` (Bresenham): over exactly `calls` steps, which is what `gemm`
+/// makes, that hands out the plan's `rows·lines` requests, no more. No division per request: with
+/// a `l / lines`, `l % lines` per line and two per call, `gemm`'s own samples in an S = 2048
+/// forward with a bias were 8.5% of the micro-kernels' (perf); with the cursor, 4.6% (1.4%
+/// without a plan).
 struct PrefetchCursor {
     row: *const u8,
     line: usize,
     lines: usize,
     stride: usize,
-    left: usize,
     per_call: usize,
     rem: usize,
     err: usize,
@@ -80,16 +81,13 @@ impl PrefetchCursor {
     /// The requests of one micro-kernel call. A hint: never faults.
     #[inline(always)]
     fn step(&mut self) {
-        if self.left == 0 {
-            return;
-        }
         let mut n = self.per_call;
         self.err += self.rem;
         if self.err >= self.calls {
             self.err -= self.calls;
             n += 1;
         }
-        for _ in 0..n.min(self.left) {
+        for _ in 0..n {
             super::extra::prefetch_line(self.row.wrapping_add(self.line * 64));
             self.line += 1;
             if self.line == self.lines {
@@ -97,7 +95,6 @@ impl PrefetchCursor {
                 self.row = self.row.wrapping_add(self.stride);
             }
         }
-        self.left -= n.min(self.left);
     }
 }
 
