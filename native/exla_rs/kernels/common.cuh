@@ -5,13 +5,22 @@
 // Header-free on purpose (no cuda_fp16.h, no <cstdint>): the same text compiles under nvcc at build
 // time and under NVRTC at run time, where no CUDA include directory may exist. Half types are raw
 // 16-bit patterns converted with PTX `cvt`; everything targets sm_80 and newer.
+//
+// One switch, here and nowhere inside a kernel: EXLA_RS_CPU compiles the same kernels as host C++
+// for the GPU-on-CPU executor (kernels/cpu/), which supplies CUDA's built-ins and a CPU model of
+// every PTX wrapper of ptx.cuh. The include goes through a macro so that the NVRTC flattener
+// (crates/exla-rs-cuda/build.rs) never inlines the host-only headers.
 #pragma once
 
+#if defined(EXLA_RS_CPU)
+#define EXLA_RS_CPU_DEVICE_HEADER "cpu/device.hpp"
+#include EXLA_RS_CPU_DEVICE_HEADER
+#else
+#include "ptx.cuh"
+#endif
 #include "params.cuh"
 
 namespace exla_rs {
-
-#define EXLA_RS_DEVICE __device__ __forceinline__
 
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
@@ -38,29 +47,13 @@ struct F32 {
 struct F16 {
   using Storage = unsigned short;
   static constexpr unsigned kExpMask = 0x7c00u;  // all ones: inf or NaN
-  static EXLA_RS_DEVICE float to_float(unsigned short x) {
-    float r;
-    asm("cvt.f32.f16 %0, %1;" : "=f"(r) : "h"(x));
-    return r;
-  }
-  static EXLA_RS_DEVICE unsigned short from_float(float x) {
-    unsigned short r;
-    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(r) : "f"(x));
-    return r;
-  }
+  static EXLA_RS_DEVICE float to_float(unsigned short x) { return ptx::cvt_f32_f16(x); }
+  static EXLA_RS_DEVICE unsigned short from_float(float x) { return ptx::cvt_rn_f16_f32(x); }
   // Two values in one 32-bit register, `lo` in the low half (the mma operand order).
   // PTX cvt.*x2 puts its first source in the upper half.
-  static EXLA_RS_DEVICE unsigned pack2(float lo, float hi) {
-    unsigned r;
-    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-    return r;
-  }
+  static EXLA_RS_DEVICE unsigned pack2(float lo, float hi) { return ptx::cvt_rn_f16x2_f32(hi, lo); }
   static EXLA_RS_DEVICE void mma(float (&c)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    ptx::mma_m16n8k16_f16(c, a, b0, b1);
   }
 };
 
@@ -68,22 +61,10 @@ struct BF16 {
   using Storage = unsigned short;
   static constexpr unsigned kExpMask = 0x7f80u;
   static EXLA_RS_DEVICE float to_float(unsigned short x) { return __uint_as_float(((unsigned)x) << 16); }
-  static EXLA_RS_DEVICE unsigned short from_float(float x) {
-    unsigned short r;
-    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(r) : "f"(x));
-    return r;
-  }
-  static EXLA_RS_DEVICE unsigned pack2(float lo, float hi) {
-    unsigned r;
-    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-    return r;
-  }
+  static EXLA_RS_DEVICE unsigned short from_float(float x) { return ptx::cvt_rn_bf16_f32(x); }
+  static EXLA_RS_DEVICE unsigned pack2(float lo, float hi) { return ptx::cvt_rn_bf16x2_f32(hi, lo); }
   static EXLA_RS_DEVICE void mma(float (&c)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    ptx::mma_m16n8k16_bf16(c, a, b0, b1);
   }
 };
 
@@ -122,16 +103,8 @@ EXLA_RS_DEVICE float qnan() { return __int_as_float(0x7fffffff); }
 // Math. ex2.approx has a relative error near 2^-22 (ample for the f32 1e-4 bar) and maps
 // -inf to +0, which is what masked scores need. tanhf stays precise: the f32 path needs it.
 
-EXLA_RS_DEVICE float ex2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
-EXLA_RS_DEVICE float lg2(float x) {
-  float y;
-  asm("lg2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
+EXLA_RS_DEVICE float ex2(float x) { return ptx::ex2_approx_ftz(x); }
+EXLA_RS_DEVICE float lg2(float x) { return ptx::lg2_approx_ftz(x); }
 
 // The score s of the contract from the raw dot product: x = scale * qk, s = cap * tanh(x / cap).
 // x / cap is taken as x * (1 / cap) with 1 / cap computed on the host (params' softcap_inv, 0 when
@@ -255,32 +228,13 @@ struct Swz {
   }
 };
 
-EXLA_RS_DEVICE unsigned smem_u32(const void* p) {
-  unsigned r;
-  asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(r) : "l"(p));
-  return r;
-}
-
-// 16 bytes global -> shared, asynchronously; src_bytes = 0 writes zeros (rows past the end).
-EXLA_RS_DEVICE void cp_async16(void* smem, const void* gmem, int src_bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(smem)), "l"(gmem), "r"(src_bytes));
-}
-EXLA_RS_DEVICE void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-EXLA_RS_DEVICE void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
-
-EXLA_RS_DEVICE void ldmatrix_x4(unsigned (&r)[4], const void* smem) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_u32(smem)));
-}
-EXLA_RS_DEVICE void ldmatrix_x4_trans(unsigned (&r)[4], const void* smem) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_u32(smem)));
-}
+// cp.async (16 bytes global -> shared; src_bytes = 0 writes zeros), its groups, and ldmatrix: the
+// wrappers live in ptx.cuh (and their CPU models in cpu/device.hpp).
+using ptx::cp_async16;
+using ptx::cp_async_commit;
+using ptx::cp_async_wait;
+using ptx::ldmatrix_x4;
+using ptx::ldmatrix_x4_trans;
 
 // Copies rows [row0, row0 + ROWS) of a [rows, stride] global matrix (each row D contiguous
 // elements) into a swizzled tile; rows >= row_limit become zeros and are never read.

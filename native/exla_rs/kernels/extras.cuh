@@ -225,8 +225,6 @@ EXLA_RS_DEVICE float alibi_dist(int rel) { return (float)(rel < 0 ? -rel : rel);
 // ---------------------------------------------------------------------------------------------
 // The bias gradient: dbias_accum (f32, laid out like the bias) += v, without reading the result
 // back (red, not atom): the sum's order does not matter and nothing waits for the old value.
-EXLA_RS_DEVICE void red_add_f32(float* addr, float v) {
-  asm volatile("red.global.add.f32 [%0], %1;" ::"l"(addr), "f"(v) : "memory");
-}
+using ptx::red_add_f32;
 
 }  // namespace exla_rs

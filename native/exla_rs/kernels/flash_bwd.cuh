@@ -157,7 +157,7 @@ __device__ __forceinline__ void flash_bwd(const BwdParams& p) {
   using SwS = Swz<BN, BM>;  // dS^T: rows = keys, cols = queries
   if (blockDim.x != NT) __trap();
 
-  extern __shared__ __align__(128) unsigned char smem_raw[];
+  EXLA_RS_DYNAMIC_SMEM(smem_raw, 128);
   unsigned short* sK = reinterpret_cast<unsigned short*>(smem_raw);
   unsigned short* sV = sK + BN * D;
   unsigned short* sQ = sV + BN * D;

@@ -95,7 +95,7 @@ __device__ __forceinline__ void flash_fwd(const FwdParams& p) {
   using SwK = Swz<BN, D>;
   if (blockDim.x != NT) __trap();  // the launcher's table disagrees with this file
 
-  extern __shared__ __align__(128) unsigned char smem_raw[];
+  EXLA_RS_DYNAMIC_SMEM(smem_raw, 128);
   unsigned short* sQ = reinterpret_cast<unsigned short*>(smem_raw);
   unsigned short* sK = sQ + BM * D;       // [2][BN * D]
   unsigned short* sV = sK + 2 * BN * D;   // [2][BN * D]

@@ -4,6 +4,7 @@ change to one head dim rebuilds one file (flash-attention's csrc does the same).
 every inst/*.cu; the Rust launcher (crates/exla-rs-cuda/src/config.rs) names the same files and
 kernels. Run from this directory after changing the lists below, and commit the result."""
 import pathlib
+import re
 
 HEAD_DIMS = [32, 64, 96, 128, 192, 256]
 HALF = {"f16": "F16", "bf16": "BF16"}
@@ -19,14 +20,16 @@ def tc(kind, dt, d):
     return (f'{HEADER}#include "../flash_{kind}.cuh"\n\n'
             f"extern \"C\" __global__ void __launch_bounds__(exla_rs::{traits}<{d}>::kThreads, {MIN_BLOCKS})\n"
             f"exla_rs_{kind}_{dt}_d{d}(const exla_rs::{params} p) {{\n"
-            f"  exla_rs::{fn}<exla_rs::{HALF[dt]}, {d}>(p);\n}}\n")
+            f"  exla_rs::{fn}<exla_rs::{HALF[dt]}, {d}>(p);\n}}\n"
+            f"EXLA_RS_KERNEL_ENTRY(exla_rs_{kind}_{dt}_d{d})\n")
 
 def simt(d):
     out = f'{HEADER}#include "../simt.cuh"\n\nusing namespace exla_rs;\n'
     for name, fn, params in [("fwd", "simt_fwd", "FwdParams"), ("bwd_dq", "simt_bwd_dq", "BwdParams"),
                              ("bwd_dkdv", "simt_bwd_dkdv", "BwdParams")]:
         out += (f"\nextern \"C\" __global__ void __launch_bounds__(SimtTraits::kThreads, {MIN_BLOCKS})\n"
-                f"exla_rs_{name}_f32_d{d}(const {params} p) {{\n  {fn}<F32, {d}>(p);\n}}\n")
+                f"exla_rs_{name}_f32_d{d}(const {params} p) {{\n  {fn}<F32, {d}>(p);\n}}\n"
+                f"EXLA_RS_KERNEL_ENTRY(exla_rs_{name}_f32_d{d})\n")
     return out
 
 def aux():
@@ -35,11 +38,22 @@ def aux():
     out = f'{HEADER}#include "../flash_bwd_aux.cuh"\n#include "../dbias.cuh"\n\nusing namespace exla_rs;\n'
     for dt, t in [("f32", "F32"), ("f16", "F16"), ("bf16", "BF16")]:
         out += f"\nextern \"C\" __global__ void exla_rs_bwd_pre_{dt}(const BwdParams p) {{ bwd_preprocess<{t}>(p); }}\n"
+        out += f"EXLA_RS_KERNEL_ENTRY(exla_rs_bwd_pre_{dt})\n"
     for dt, t in HALF.items():
         out += f"extern \"C\" __global__ void exla_rs_bwd_convert_{dt}(const BwdParams p) {{ bwd_convert_dq<{t}>(p); }}\n"
+        out += f"EXLA_RS_KERNEL_ENTRY(exla_rs_bwd_convert_{dt})\n"
     out += "\nextern \"C\" __global__ void exla_rs_dbias_zero(const BwdParams p) { dbias_zero(p); }\n"
+    out += "EXLA_RS_KERNEL_ENTRY(exla_rs_dbias_zero)\n"
     out += "extern \"C\" __global__ void exla_rs_dbias_round(const BwdParams p) { dbias_round(p); }\n"
+    out += "EXLA_RS_KERNEL_ENTRY(exla_rs_dbias_round)\n"
     return out
+
+def write_cpu_table(path, files):
+    """The GPU-on-CPU executor's table (kernels/cpu/kernel_table.cpp includes it): one line per
+    kernel, taken from the EXLA_RS_KERNEL_ENTRY lines of the files just written."""
+    names = sorted(n for text in files.values() for n in re.findall(r"^EXLA_RS_KERNEL_ENTRY\((\w+)\)", text, re.M))
+    path.write_text(HEADER + "".join(f"EXLA_RS_TABLE_ROW({n})\n" for n in names))
+
 
 def main():
     inst = pathlib.Path(__file__).resolve().parent / "inst"
@@ -55,6 +69,7 @@ def main():
             old.unlink()
     for name, text in sorted(files.items()):
         (inst / name).write_text(text)
+    write_cpu_table(inst.parent / "cpu" / "kernel_table_mma.inc", files)
     print(f"wrote {len(files)} files to {inst}")
 
 if __name__ == "__main__":

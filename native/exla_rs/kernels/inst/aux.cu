@@ -5,12 +5,19 @@
 using namespace exla_rs;
 
 extern "C" __global__ void exla_rs_bwd_pre_f32(const BwdParams p) { bwd_preprocess<F32>(p); }
+EXLA_RS_KERNEL_ENTRY(exla_rs_bwd_pre_f32)
 
 extern "C" __global__ void exla_rs_bwd_pre_f16(const BwdParams p) { bwd_preprocess<F16>(p); }
+EXLA_RS_KERNEL_ENTRY(exla_rs_bwd_pre_f16)
 
 extern "C" __global__ void exla_rs_bwd_pre_bf16(const BwdParams p) { bwd_preprocess<BF16>(p); }
+EXLA_RS_KERNEL_ENTRY(exla_rs_bwd_pre_bf16)
 extern "C" __global__ void exla_rs_bwd_convert_f16(const BwdParams p) { bwd_convert_dq<F16>(p); }
+EXLA_RS_KERNEL_ENTRY(exla_rs_bwd_convert_f16)
 extern "C" __global__ void exla_rs_bwd_convert_bf16(const BwdParams p) { bwd_convert_dq<BF16>(p); }
+EXLA_RS_KERNEL_ENTRY(exla_rs_bwd_convert_bf16)
 
 extern "C" __global__ void exla_rs_dbias_zero(const BwdParams p) { dbias_zero(p); }
+EXLA_RS_KERNEL_ENTRY(exla_rs_dbias_zero)
 extern "C" __global__ void exla_rs_dbias_round(const BwdParams p) { dbias_round(p); }
+EXLA_RS_KERNEL_ENTRY(exla_rs_dbias_round)

@@ -7,13 +7,16 @@ extern "C" __global__ void __launch_bounds__(SimtTraits::kThreads, 1)
 exla_rs_fwd_f32_d128(const FwdParams p) {
   simt_fwd<F32, 128>(p);
 }
+EXLA_RS_KERNEL_ENTRY(exla_rs_fwd_f32_d128)
 
 extern "C" __global__ void __launch_bounds__(SimtTraits::kThreads, 1)
 exla_rs_bwd_dq_f32_d128(const BwdParams p) {
   simt_bwd_dq<F32, 128>(p);
 }
+EXLA_RS_KERNEL_ENTRY(exla_rs_bwd_dq_f32_d128)
 
 extern "C" __global__ void __launch_bounds__(SimtTraits::kThreads, 1)
 exla_rs_bwd_dkdv_f32_d128(const BwdParams p) {
   simt_bwd_dkdv<F32, 128>(p);
 }
+EXLA_RS_KERNEL_ENTRY(exla_rs_bwd_dkdv_f32_d128)

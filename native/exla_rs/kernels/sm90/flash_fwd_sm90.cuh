@@ -133,16 +133,8 @@ EXLA_RS_SM90 KeyBlocks key_blocks(const KeyInterval& ki, long long pos_first, lo
   return {first, (hi + Tr::kBlockN - 1) / Tr::kBlockN - first};
 }
 
-EXLA_RS_SM90 float exp2_approx(float x) {
-  float r;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
-  return r;
-}
-EXLA_RS_SM90 float tanh_approx(float x) {
-  float r;
-  asm("tanh.approx.f32 %0, %1;" : "=f"(r) : "f"(x));
-  return r;
-}
+EXLA_RS_SM90 float exp2_approx(float x) { return ptx::ex2_approx_ftz(x); }
+EXLA_RS_SM90 float tanh_approx(float x) { return ptx::tanh_approx(x); }
 
 // ---------------------------------------------------------------------------------------------
 // Descriptor addresses (kernels/sm90/emulate_wgmma.py computes the same numbers).
@@ -519,7 +511,7 @@ EXLA_RS_SM90 void fwd_consumer(const FwdParams& p, unsigned char* smem, const Fw
 template <class T, int D>
 EXLA_RS_SM90 void flash_fwd(const FwdParams& p, const TensorMap* tq, const TensorMap* tk, const TensorMap* tv) {
   using Tr = FwdTraits<D>;
-  extern __shared__ unsigned char smem_raw[];
+  EXLA_RS_DYNAMIC_SMEM_UNALIGNED(smem_raw);
   // Swizzle atoms must start 1024-byte aligned in the shared window.
   const unsigned raw = smem_addr(smem_raw);
   unsigned char* smem = smem_raw + (((raw + 1023u) & ~1023u) - raw);

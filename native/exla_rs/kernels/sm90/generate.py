@@ -79,7 +79,8 @@ def fwd(dt, d):
             f"                          const __grid_constant__ exla_rs::sm90::TensorMap tq,\n"
             f"                          const __grid_constant__ exla_rs::sm90::TensorMap tk,\n"
             f"                          const __grid_constant__ exla_rs::sm90::TensorMap tv) {{\n"
-            f"  exla_rs::sm90::flash_fwd<exla_rs::{HALF[dt]}, {d}>(p, &tq, &tk, &tv);\n}}\n")
+            f"  exla_rs::sm90::flash_fwd<exla_rs::{HALF[dt]}, {d}>(p, &tq, &tk, &tv);\n}}\n"
+            f"EXLA_RS_KERNEL_ENTRY(exla_rs_sm90_fwd_{dt}_d{d})\n")
 
 
 def main():
@@ -96,6 +97,9 @@ def main():
             old.unlink()
     for name, text in want.items():
         (inst / name).write_text(text)
+    # The GPU-on-CPU executor's table rows for this set (kernels/cpu/kernel_table.cpp).
+    rows = sorted(f"EXLA_RS_TABLE_ROW(exla_rs_{n[:-3]})\n" for n in want)
+    (here.parent / "cpu" / "kernel_table_sm90.inc").write_text(HEADER + "".join(rows))
     print(f"wrote {len(want)} files to {inst} and wgmma_ops.cuh")
 
 

@@ -8,3 +8,4 @@ exla_rs_sm90_fwd_bf16_d128(const __grid_constant__ exla_rs::FwdParams p,
                           const __grid_constant__ exla_rs::sm90::TensorMap tv) {
   exla_rs::sm90::flash_fwd<exla_rs::BF16, 128>(p, &tq, &tk, &tv);
 }
+EXLA_RS_KERNEL_ENTRY(exla_rs_sm90_fwd_bf16_d128)

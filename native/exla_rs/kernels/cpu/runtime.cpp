@@ -1,0 +1,855 @@
+// The executor: runs a launch block after block, each CUDA thread of a block on its own fiber,
+// cooperatively scheduled on the calling OS thread. A thread runs until it must wait (a warp
+// collective whose lanes have not all arrived, a barrier, an mbarrier phase, an asynchronous
+// group); the scheduler then resumes the next runnable thread in thread order. When no thread can
+// run, pending copy-engine work completes; if that does not help, the launch has deadlocked and
+// the report names what each waiting thread waits for.
+//
+// Happens-before for ThreadSanitizer comes only from what orders memory on a GPU: CTA barriers
+// (bar.sync / bar.arrive / __syncthreads), __syncwarp, mbarrier phases, the async units' issue and
+// completion, and the launch boundaries. Blocks get fresh ThreadSanitizer threads and are not
+// ordered with each other, so two blocks touching the same global word without atomics race,
+// as they would on a GPU, even though they run one after the other here.
+#include "runtime.hpp"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <algorithm>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "exec.h"
+#include "fiber.hpp"
+#include "kernel_table.hpp"
+
+namespace exla_rs_gpusim {
+
+namespace {
+
+constexpr size_t kStackBytes =
+#if defined(EXLA_RS_GPUSIM_ASAN) || defined(EXLA_RS_GPUSIM_TSAN)
+    1 << 20;
+#else
+    256 << 10;
+#endif
+
+struct CpCopy {
+  uint32_t off;
+  unsigned char data[16];
+};
+
+struct ThreadState {
+  unsigned tid = 0;
+  Dim3 idx{0, 0, 0};
+  unsigned warp = 0, lane = 0;
+  Fiber fiber;
+  bool done = false;
+  bool runnable = true;
+  // What a blocked thread waits for (reports and wake-ups).
+  enum class Wait { None, Warp, Warpgroup, Barrier, Mbar, WgmmaNone } wait = Wait::None;
+  uint64_t wait_key = 0;
+  unsigned wait_arg = 0;
+  const char* wait_site = nullptr;
+  // cp.async groups: copies since the last commit, then committed groups oldest first.
+  std::vector<CpCopy> cp_open;
+  std::deque<std::vector<CpCopy>> cp_groups;
+  uint64_t cp_seq = 0;  // this lane's cp.async count (bank statistics pair lanes by it)
+};
+
+// A rendezvous of the lanes of a warp (32) or a warpgroup (128).
+struct Group {
+  bool active = false;
+  Op op = Op::Shfl;
+  const char* site = nullptr;
+  uint64_t mask[2] = {0, 0};
+  uint64_t arrived[2] = {0, 0};
+  LaneIo* io[128] = {};
+  char sync[4] = {};  // ThreadSanitizer sync objects, by generation mod 4
+  unsigned gen = 0;
+  void* token = nullptr;  // warpgroup ops: every issuer releases into it (wgmma's inputs)
+};
+
+struct CtaBarrier {
+  unsigned expected = 0, arrived = 0;
+  int vote = 0, result = 0;
+  unsigned gen = 0;
+  char sync[4] = {};
+};
+
+struct Mbar {
+  unsigned expected = 0;
+  int pending = 0;
+  int64_t tx = 0;
+  unsigned phase = 0;  // completed phases
+  char sync[4] = {};
+};
+
+struct AsyncCopy {
+  uint32_t bar;
+  AsyncCopyFn fn;
+  std::vector<unsigned char> ctx;
+  std::unique_ptr<char> token;  // the issuer released into it
+  unsigned tid;
+};
+
+struct AsyncMath {
+  AsyncMathFn fn;
+  std::vector<unsigned char> ctx;
+  void* token;  // the issuing warpgroup released into it (owned)
+};
+
+struct WarpgroupAsync {
+  std::vector<AsyncMath> open;
+  std::deque<std::vector<AsyncMath>> groups;
+  char done_sync = 0;  // the tensor cores release here when they retire ops
+};
+
+struct BankStat {
+  uint64_t accesses = 0, wavefronts = 0, ideal = 0;
+};
+
+// cp.async bank statistics: lanes' k-th cp.async, paired per warp.
+struct CpBank {
+  uint32_t offs[32];
+  unsigned have = 0;
+};
+
+struct Launch {
+  const KernelEntry* kernel = nullptr;
+  void** args = nullptr;
+  Dim3 grid{1, 1, 1}, block{1, 1, 1}, bidx{0, 0, 0};
+  unsigned nthreads = 0;
+  unsigned char* smem = nullptr;
+  size_t smem_bytes = 0;
+  std::vector<ThreadState> threads;
+  std::vector<Group> warps, warpgroups;
+  CtaBarrier barriers[16];
+  std::unordered_map<uint32_t, Mbar> mbars;
+  std::deque<AsyncCopy> copies;
+  std::vector<WarpgroupAsync> wg_async;
+  std::vector<std::unordered_map<uint64_t, CpBank>> cp_bank;  // per warp, by sequence number
+  ThreadState* cur = nullptr;
+  Fiber sched;
+  std::string error;
+  bool failed = false;
+  char start_sync = 0, end_sync = 0;
+};
+
+Launch* g = nullptr;  // the launch in progress (one at a time: g_mutex)
+// A warpgroup collective's ThreadSanitizer token while its function runs (wgmma_enqueue takes it).
+void* g_current_token = nullptr;
+std::mutex g_mutex;
+std::unordered_map<std::string, std::unordered_map<std::string, BankStat>> g_bank;  // kernel -> kind
+std::mutex g_bank_mutex;
+
+std::string vformat(const char* fmt, va_list ap) {
+  char buf[2048];
+  vsnprintf(buf, sizeof buf, fmt, ap);
+  return buf;
+}
+
+std::string where(const ThreadState* t) {
+  char buf[160];
+  if (!t) return "executor";
+  snprintf(buf, sizeof buf, "block (%u,%u,%u) thread %u (warp %u lane %u)", g->bidx.x, g->bidx.y, g->bidx.z, t->tid, t->warp,
+           t->lane);
+  return buf;
+}
+
+void switch_to_scheduler() {
+  ThreadState* t = g->cur;
+  g->cur = nullptr;
+  fiber_switch(t->fiber, g->sched);
+}
+
+// Blocks the current thread until something makes it runnable again.
+void block(ThreadState::Wait w, uint64_t key, unsigned arg, const char* site) {
+  ThreadState* t = g->cur;
+  t->wait = w;
+  t->wait_key = key;
+  t->wait_arg = arg;
+  t->wait_site = site;
+  t->runnable = false;
+  switch_to_scheduler();
+  t->wait = ThreadState::Wait::None;
+}
+
+void wake(ThreadState& t) {
+  t.runnable = true;
+}
+
+void fiber_main() {
+  fiber_entered();
+  tsan_acquire(&g->start_sync);
+  g->kernel->entry(g->args);
+  ThreadState* t = g->cur;
+  t->done = true;
+  tsan_release(&g->end_sync);
+  switch_to_scheduler();
+  __builtin_trap();  // a finished fiber is never resumed
+}
+
+std::string lanes_text(const uint64_t m[2], unsigned n) {
+  std::string s;
+  int run_start = -1;
+  for (unsigned i = 0; i <= n; ++i) {
+    const bool on = i < n && ((m[i / 64] >> (i % 64)) & 1);
+    if (on && run_start < 0) run_start = (int)i;
+    if (!on && run_start >= 0) {
+      if (!s.empty()) s += ",";
+      s += std::to_string(run_start);
+      if ((int)i - 1 > run_start) s += "-" + std::to_string(i - 1);
+      run_start = -1;
+    }
+  }
+  return s.empty() ? "none" : s;
+}
+
+const char* wait_name(ThreadState::Wait w) {
+  switch (w) {
+    case ThreadState::Wait::Warp: return "a warp collective";
+    case ThreadState::Wait::Warpgroup: return "a warpgroup collective";
+    case ThreadState::Wait::Barrier: return "a CTA barrier";
+    case ThreadState::Wait::Mbar: return "an mbarrier";
+    default: return "nothing";
+  }
+}
+
+// The deadlock report: every waiting thread grouped by what it waits for.
+std::string deadlock_report() {
+  std::string r = "deadlock in block (" + std::to_string(g->bidx.x) + "," + std::to_string(g->bidx.y) + "," +
+                  std::to_string(g->bidx.z) + "): no thread can run and no asynchronous work is pending.";
+  struct Key {
+    ThreadState::Wait w;
+    uint64_t key;
+    unsigned arg;
+    const char* site;
+  };
+  std::vector<std::pair<Key, std::vector<unsigned>>> groups;
+  unsigned exited = 0;
+  for (auto& t : g->threads) {
+    if (t.done) {
+      ++exited;
+      continue;
+    }
+    Key k{t.wait, t.wait_key, t.wait_arg, t.wait_site};
+    auto it = std::find_if(groups.begin(), groups.end(), [&](auto& p) {
+      return p.first.w == k.w && p.first.key == k.key && p.first.arg == k.arg && p.first.site == k.site;
+    });
+    if (it == groups.end()) groups.push_back({k, {t.tid}});
+    else it->second.push_back(t.tid);
+  }
+  for (auto& [k, tids] : groups) {
+    uint64_t m[2] = {0, 0};
+    std::string who;
+    unsigned lo = tids.front(), hi = tids.back();
+    who = tids.size() == 1 ? "thread " + std::to_string(lo)
+                           : std::to_string(tids.size()) + " threads (" + std::to_string(lo) + ".." + std::to_string(hi) + ")";
+    (void)m;
+    char buf[512];
+    switch (k.w) {
+      case ThreadState::Wait::Mbar: {
+        auto& mb = g->mbars[(uint32_t)k.key];
+        snprintf(buf, sizeof buf,
+                 "\n  %s wait on the mbarrier at shared offset 0x%x for the phase of parity %u: %u phases completed, "
+                 "current phase %u has %d of %u arrivals pending and %lld transaction bytes outstanding (%s)",
+                 who.c_str(), (unsigned)k.key, k.arg, mb.phase, mb.phase, mb.pending, mb.expected, (long long)mb.tx,
+                 k.site ? k.site : "?");
+        break;
+      }
+      case ThreadState::Wait::Barrier: {
+        auto& b = g->barriers[k.key];
+        snprintf(buf, sizeof buf, "\n  %s wait at barrier %u (bar.sync, %u of %u threads arrived; %s)", who.c_str(), (unsigned)k.key,
+                 b.arrived, b.expected, k.site ? k.site : "?");
+        break;
+      }
+      case ThreadState::Wait::Warp:
+      case ThreadState::Wait::Warpgroup: {
+        bool wgp = k.w == ThreadState::Wait::Warpgroup;
+        Group& gr = wgp ? g->warpgroups[k.key] : g->warps[k.key];
+        snprintf(buf, sizeof buf, "\n  %s wait in %s %s (%s %llu at %s): lanes %s of mask %s arrived", who.c_str(), wgp ? "warpgroup" : "warp",
+                 op_name(gr.op), wgp ? "warpgroup" : "warp", (unsigned long long)k.key, k.site ? k.site : "?",
+                 lanes_text(gr.arrived, wgp ? 128 : 32).c_str(), lanes_text(gr.mask, wgp ? 128 : 32).c_str());
+        break;
+      }
+      default:
+        snprintf(buf, sizeof buf, "\n  %s wait for %s", who.c_str(), wait_name(k.w));
+    }
+    r += buf;
+  }
+  if (exited) r += "\n  " + std::to_string(exited) + " threads have exited";
+  return r;
+}
+
+// Completes copy-engine work: those aimed at `bar` (or all when bar == ~0u). Returns how many.
+size_t deliver_copies(uint32_t bar);
+
+void complete_phase_if_done(uint32_t off, Mbar& mb) {
+  if (mb.pending != 0 || mb.tx != 0) return;
+  mb.phase += 1;
+  mb.pending = (int)mb.expected;
+  for (auto& t : g->threads)
+    if (!t.done && t.wait == ThreadState::Wait::Mbar && t.wait_key == off) wake(t);
+}
+
+Mbar& mbar_at(uint32_t off, const char* what) {
+  auto it = g->mbars.find(off);
+  if (it == g->mbars.end()) fail("%s on shared offset 0x%x, which no mbarrier.init initialised in this block", what, off);
+  return it->second;
+}
+
+size_t deliver_copies(uint32_t bar) {
+  size_t n = 0;
+  for (size_t i = 0; i < g->copies.size();) {
+    if (bar != ~0u && g->copies[i].bar != bar) {
+      ++i;
+      continue;
+    }
+    AsyncCopy c = std::move(g->copies[i]);
+    g->copies.erase(g->copies.begin() + (long)i);
+    // The engine: a ThreadSanitizer context that happens after the issue and before the phase
+    // completion the bytes count towards.
+    void* prev = tsan_current();
+    void* eng = tsan_context_create();
+    if (eng) tsan_context_switch(eng);
+    tsan_acquire(c.token.get());
+    uint32_t bytes = 0;
+    const char* err = c.fn(c.ctx.data(), g->smem, g->smem_bytes, &bytes);
+    auto it = g->mbars.find(c.bar);
+    if (!err && it == g->mbars.end()) err = "its mbarrier is not initialised";
+    if (!err) {
+      Mbar& mb = it->second;
+      tsan_release(&mb.sync[mb.phase & 3]);
+    }
+    if (eng) {
+      tsan_context_switch(prev);
+      tsan_context_destroy(eng);
+    }
+    if (err) fail("TMA copy issued by thread %u completing on the mbarrier at 0x%x: %s", c.tid, c.bar, err);
+    Mbar& mb = it->second;
+    mb.tx -= bytes;
+    complete_phase_if_done(c.bar, mb);
+    ++n;
+  }
+  return n;
+}
+
+void run_block() {
+  Launch& L = *g;
+  // Fresh, poisoned shared memory: all-ones bytes are NaN as f32, f16 and bf16, so a read of
+  // shared memory nothing wrote shows in the results (and the models check their operands).
+  if (L.smem) memset(L.smem, 0xff, L.smem_bytes);
+  for (auto& w : L.warps) w = Group{};
+  for (auto& w : L.warpgroups) w = Group{};
+  for (auto& b : L.barriers) b = CtaBarrier{};
+  L.mbars.clear();
+  L.copies.clear();
+  for (auto& a : L.wg_async) {
+    a.open.clear();
+    a.groups.clear();
+  }
+  for (auto& m : L.cp_bank) m.clear();
+  for (unsigned i = 0; i < L.nthreads; ++i) {
+    ThreadState& t = L.threads[i];
+    t.tid = i;
+    t.idx = Dim3{i % L.block.x, (i / L.block.x) % L.block.y, i / (L.block.x * L.block.y)};
+    t.warp = i / 32;
+    t.lane = i % 32;
+    t.done = false;
+    t.runnable = true;
+    t.wait = ThreadState::Wait::None;
+    t.cp_open.clear();
+    t.cp_groups.clear();
+    t.cp_seq = 0;
+    fiber_reset(t.fiber, fiber_main);
+  }
+  for (;;) {
+    bool ran = false, all_done = true;
+    for (auto& t : L.threads) {
+      if (t.done) continue;
+      all_done = false;
+      if (!t.runnable) continue;
+      ran = true;
+      L.cur = &t;
+      fiber_switch(L.sched, t.fiber);
+      L.cur = nullptr;
+      if (L.failed) return;
+    }
+    if (all_done) break;
+    if (ran) continue;
+    // Nobody can run: the copy engine finishes what it holds; if that wakes nobody, deadlock.
+    if (!L.copies.empty()) {
+      L.cur = nullptr;
+      deliver_copies(~0u);
+      if (L.failed) return;
+      continue;
+    }
+    L.error = deadlock_report();
+    L.failed = true;
+    return;
+  }
+  // Shared-memory statistics of cp.async groups that not every lane completed.
+  for (unsigned w = 0; w < L.cp_bank.size(); ++w)
+    for (auto& [seq, b] : L.cp_bank[w]) {
+      (void)seq;
+      uint32_t offs[32];
+      int n = 0;
+      for (int l = 0; l < 32; ++l)
+        if ((b.have >> l) & 1) offs[n++] = b.offs[l];
+      bank_access("cp.async", offs, n, 16);
+    }
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+
+const char* op_name(Op op) {
+  switch (op) {
+    case Op::Shfl: return "shfl.sync.idx";
+    case Op::ShflXor: return "shfl.sync.bfly";
+    case Op::Ballot: return "vote.sync.ballot";
+    case Op::Any: return "vote.sync.any";
+    case Op::All: return "vote.sync.all";
+    case Op::SyncWarp: return "bar.warp.sync";
+    case Op::Mma: return "mma.sync.m16n8k16";
+    case Op::Ldmatrix: return "ldmatrix.sync";
+    case Op::WgmmaFence: return "wgmma.fence";
+    case Op::WgmmaIssue: return "wgmma.mma_async";
+    case Op::WgmmaCommit: return "wgmma.commit_group";
+    case Op::WgmmaWait: return "wgmma.wait_group";
+    case Op::SetMaxNreg: return "setmaxnreg";
+    case Op::Elect: return "elect.sync";
+  }
+  return "?";
+}
+
+Dim3 thread_idx() { return g->cur->idx; }
+Dim3 block_idx() { return g->bidx; }
+Dim3 block_dim() { return g->block; }
+Dim3 grid_dim() { return g->grid; }
+unsigned linear_tid() { return g->cur->tid; }
+unsigned char* dynamic_smem() { return g->smem; }
+size_t dynamic_smem_bytes() { return g->smem_bytes; }
+
+void fail(const char* fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  std::string msg = vformat(fmt, ap);
+  va_end(ap);
+  if (!g->failed) {
+    g->error = where(g->cur) + ": " + msg;
+    g->failed = true;
+  }
+  if (g->cur) {
+    g->cur->done = true;
+    switch_to_scheduler();
+  }
+  // In the scheduler's own context (copy-engine delivery): unwind to the launch.
+  throw std::runtime_error(g->error);
+}
+
+uint32_t smem_offset(const void* p, size_t bytes, const char* what) {
+  const unsigned char* c = static_cast<const unsigned char*>(p);
+  if (!g->smem || c < g->smem || c + bytes > g->smem + g->smem_bytes)
+    fail("%s: address %p (%zu bytes) is outside the block's %zu bytes of dynamic shared memory", what, p, bytes, g->smem_bytes);
+  return (uint32_t)(c - g->smem);
+}
+
+unsigned char* smem_ptr(uint32_t off, size_t bytes, const char* what) {
+  if ((size_t)off + bytes > g->smem_bytes)
+    fail("%s: shared offset 0x%x (%zu bytes) is past the block's %zu bytes of dynamic shared memory", what, off, bytes, g->smem_bytes);
+  return g->smem + off;
+}
+
+static void collective(Group& gr, unsigned n_lanes, unsigned my, uint64_t key, bool wg, Op op, const uint64_t mask[2], const char* site,
+                       LaneIo& io, CollectiveFn fn, void* ctx, bool orders_memory) {
+  ThreadState* t = g->cur;
+  if (!((mask[my / 64] >> (my % 64)) & 1))
+    fail("%s at %s with member mask %s, which excludes the executing lane %u", op_name(op), site, lanes_text(mask, n_lanes).c_str(), my);
+  if (gr.active) {
+    if (gr.op != op || gr.site != site || gr.mask[0] != mask[0] || gr.mask[1] != mask[1])
+      fail("%s %llu: lane %u reached %s at %s (mask %s) while lanes %s wait in %s at %s (mask %s)", wg ? "warpgroup" : "warp",
+           (unsigned long long)key, my, op_name(op), site, lanes_text(mask, n_lanes).c_str(), lanes_text(gr.arrived, n_lanes).c_str(),
+           op_name(gr.op), gr.site, lanes_text(gr.mask, n_lanes).c_str());
+  } else {
+    gr.active = true;
+    gr.op = op;
+    gr.site = site;
+    gr.mask[0] = mask[0];
+    gr.mask[1] = mask[1];
+    gr.arrived[0] = gr.arrived[1] = 0;
+    if (wg) gr.token = new char(0);
+  }
+  if ((gr.arrived[my / 64] >> (my % 64)) & 1) fail("lane %u arrived twice at %s", my, op_name(op));
+  gr.arrived[my / 64] |= 1ull << (my % 64);
+  gr.io[my] = &io;
+  const unsigned gen = gr.gen;
+  if (orders_memory) tsan_release(&gr.sync[gen & 3]);
+  if (gr.token) tsan_release(gr.token);
+  if (gr.arrived[0] == gr.mask[0] && gr.arrived[1] == gr.mask[1]) {
+    // Last to arrive: compute for everyone, then release the waiters.
+    LaneIo* lanes[128];
+    static LaneIo unused;
+    for (unsigned i = 0; i < n_lanes; ++i) lanes[i] = ((mask[i / 64] >> (i % 64)) & 1) ? gr.io[i] : &unused;
+    // fn sees a contiguous array of lane copies.
+    LaneIo local[128];
+    for (unsigned i = 0; i < n_lanes; ++i) local[i] = *lanes[i];
+    void* token = gr.token;
+    gr.token = nullptr;
+    g_current_token = token;
+    fn(local, mask[0], mask[1], ctx);
+    if (g_current_token) delete static_cast<char*>(g_current_token);  // not claimed by the op
+    g_current_token = nullptr;
+    for (unsigned i = 0; i < n_lanes; ++i)
+      if ((mask[i / 64] >> (i % 64)) & 1) memcpy(lanes[i]->out, local[i].out, sizeof local[i].out);
+    gr.active = false;
+    gr.gen += 1;
+    const unsigned base = wg ? (unsigned)key * 128 : (unsigned)key * 32;
+    for (unsigned i = 0; i < n_lanes; ++i)
+      if (((mask[i / 64] >> (i % 64)) & 1) && i != my) wake(g->threads[base + i]);
+  } else {
+    block(wg ? ThreadState::Wait::Warpgroup : ThreadState::Wait::Warp, key, op == Op::SyncWarp ? 1 : 0, site);
+  }
+  if (orders_memory) tsan_acquire(&gr.sync[gen & 3]);
+  (void)t;
+}
+
+static void* claim_collective_token() {
+  void* t = g_current_token;
+  g_current_token = nullptr;
+  return t;
+}
+
+void warp_collective(Op op, unsigned mask, const char* site, LaneIo& io, CollectiveFn fn, void* ctx, bool orders_memory) {
+  ThreadState* t = g->cur;
+  const uint64_t m[2] = {mask, 0};
+  // A warp past the block's last thread has fewer lanes: a mask naming them can never complete.
+  collective(g->warps[t->warp], 32, t->lane, t->warp, false, op, m, site, io, fn, ctx, orders_memory);
+}
+
+void warpgroup_collective(Op op, const char* site, LaneIo& io, CollectiveFn fn, void* ctx) {
+  ThreadState* t = g->cur;
+  const unsigned wgi = t->tid / 128;
+  if ((wgi + 1) * 128 > g->nthreads) fail("%s at %s: warpgroup %u is incomplete (block of %u threads)", op_name(op), site, wgi, g->nthreads);
+  const uint64_t m[2] = {~0ull, ~0ull};
+  collective(g->warpgroups[wgi], 128, t->tid % 128, wgi, true, op, m, site, io, fn, ctx, true);
+}
+
+int cta_barrier(unsigned id, unsigned count, bool wait, int vote) {
+  if (id >= 16) fail("bar.%s %u: barrier ids are 0..15", wait ? "sync" : "arrive", id);
+  if (count == 0 || count % 32 != 0 || count > g->nthreads)
+    fail("bar.%s %u, %u: the thread count must be a non-zero multiple of 32 and at most the block's %u", wait ? "sync" : "arrive", id,
+         count, g->nthreads);
+  CtaBarrier& b = g->barriers[id];
+  if (b.arrived == 0) {
+    b.expected = count;
+    b.vote = 0;
+  } else if (b.expected != count) {
+    fail("bar.%s %u with count %u while the barrier's current phase expects %u threads", wait ? "sync" : "arrive", id, count, b.expected);
+  }
+  const unsigned gen = b.gen;
+  tsan_release(&b.sync[gen & 3]);
+  b.vote += vote;
+  b.arrived += 1;
+  if (b.arrived == b.expected) {
+    b.result = b.vote;
+    b.arrived = 0;
+    b.gen += 1;
+    for (auto& t : g->threads)
+      if (!t.done && t.wait == ThreadState::Wait::Barrier && t.wait_key == id && t.wait_arg == gen) wake(t);
+  } else if (wait) {
+    block(ThreadState::Wait::Barrier, id, gen, "bar.sync");
+  }
+  if (!wait) return 0;
+  tsan_acquire(&b.sync[gen & 3]);
+  return b.result;
+}
+
+void mbar_init(uint32_t off, unsigned count) {
+  if (off % 8) fail("mbarrier.init at shared offset 0x%x: mbarriers are 8-byte aligned", off);
+  if (count == 0 || count >= (1u << 20)) fail("mbarrier.init at 0x%x with count %u: must be 1 .. 2^20 - 1", off, count);
+  Mbar& mb = g->mbars[off];
+  mb = Mbar{};
+  mb.expected = count;
+  mb.pending = (int)count;
+}
+
+void mbar_arrive(uint32_t off, unsigned expect_tx) {
+  Mbar& mb = mbar_at(off, expect_tx ? "mbarrier.arrive.expect_tx" : "mbarrier.arrive");
+  mb.tx += expect_tx;
+  tsan_release(&mb.sync[mb.phase & 3]);
+  if (mb.pending <= 0) fail("mbarrier.arrive on 0x%x: more arrivals than its count %u in phase %u", off, mb.expected, mb.phase);
+  mb.pending -= 1;
+  complete_phase_if_done(off, mb);
+}
+
+void mbar_wait(uint32_t off, unsigned parity) {
+  for (;;) {
+    Mbar& mb = mbar_at(off, "mbarrier.try_wait.parity");
+    // The phase of parity `parity` has completed when the current (incomplete) phase's parity differs.
+    if ((mb.phase & 1) != (parity & 1)) {
+      // The phase just completed is mb.phase - 1; waiting on an older phase of the same parity would
+      // be mb.phase - 3, whose sync object has been reused: acquire the latest completed one.
+      tsan_acquire(&mb.sync[(mb.phase - 1) & 3]);
+      return;
+    }
+    // The copy engine completes what targets this barrier as late as it may: when it is waited for.
+    if (deliver_copies(off) > 0) continue;
+    block(ThreadState::Wait::Mbar, off, parity, "mbarrier.try_wait.parity");
+  }
+}
+
+void async_copy(uint32_t bar, AsyncCopyFn fn, const void* ctx, size_t ctx_bytes) {
+  mbar_at(bar, "cp.async.bulk.tensor (its mbarrier)");
+  AsyncCopy c;
+  c.bar = bar;
+  c.fn = fn;
+  c.ctx.assign(static_cast<const unsigned char*>(ctx), static_cast<const unsigned char*>(ctx) + ctx_bytes);
+  c.token.reset(new char(0));
+  c.tid = g->cur ? g->cur->tid : 0;
+  tsan_release(c.token.get());
+  g->copies.push_back(std::move(c));
+}
+
+void wgmma_enqueue(AsyncMathFn fn, const void* ctx, size_t ctx_bytes) {
+  ThreadState* t = g->cur;
+  AsyncMath m;
+  m.fn = fn;
+  m.ctx.assign(static_cast<const unsigned char*>(ctx), static_cast<const unsigned char*>(ctx) + ctx_bytes);
+  m.token = claim_collective_token();
+  g->wg_async[t->tid / 128].open.push_back(std::move(m));
+}
+
+void wgmma_commit() {
+  ThreadState* t = g->cur;
+  auto& a = g->wg_async[t->tid / 128];
+  a.groups.push_back(std::move(a.open));
+  a.open.clear();
+}
+
+void wgmma_wait(unsigned pending) {
+  ThreadState* t = g->cur;
+  auto& a = g->wg_async[t->tid / 128];
+  while (a.groups.size() > pending) {
+    std::vector<AsyncMath> grp = std::move(a.groups.front());
+    a.groups.pop_front();
+    for (auto& m : grp) {
+      void* prev = tsan_current();
+      void* eng = tsan_context_create();
+      if (eng) tsan_context_switch(eng);
+      if (m.token) tsan_acquire(m.token);
+      const char* err = m.fn(m.ctx.data(), g->smem, g->smem_bytes);
+      tsan_release(&a.done_sync);
+      if (eng) {
+        tsan_context_switch(prev);
+        tsan_context_destroy(eng);
+      }
+      delete static_cast<char*>(m.token);
+      if (err) fail("wgmma: %s", err);
+    }
+  }
+}
+
+void wgmma_retired_acquire() {
+  ThreadState* t = g->cur;
+  tsan_acquire(&g->wg_async[t->tid / 128].done_sync);
+}
+
+void cp_async_issue(uint32_t dst_off, const void* bytes16) {
+  ThreadState* t = g->cur;
+  CpCopy c;
+  c.off = dst_off;
+  memcpy(c.data, bytes16, 16);
+  t->cp_open.push_back(c);
+  // Bank statistics: the warp's lanes' k-th cp.async form one instruction.
+  auto& m = g->cp_bank[t->warp];
+  CpBank& b = m[t->cp_seq++];
+  b.offs[t->lane] = dst_off;
+  b.have |= 1u << t->lane;
+  const unsigned lanes_in_warp = std::min(32u, g->nthreads - t->warp * 32);
+  if ((unsigned)__builtin_popcount(b.have) == lanes_in_warp) {
+    bank_access("cp.async", b.offs, (int)lanes_in_warp, 16);
+    m.erase(t->cp_seq - 1);
+  }
+}
+
+void cp_async_commit_group() {
+  ThreadState* t = g->cur;
+  t->cp_groups.push_back(std::move(t->cp_open));
+  t->cp_open.clear();
+}
+
+void cp_async_wait_group(unsigned pending) {
+  ThreadState* t = g->cur;
+  while (t->cp_groups.size() > pending) {
+    for (auto& c : t->cp_groups.front()) {
+      unsigned char* dst = smem_ptr(c.off, 16, "cp.async landing");
+      memcpy(dst, c.data, 16);
+      tsan_write(dst, 16);
+    }
+    t->cp_groups.pop_front();
+  }
+}
+
+void tsan_read(const void* p, size_t n) {
+#if defined(EXLA_RS_GPUSIM_TSAN)
+  __tsan_read_range(const_cast<void*>(p), n);
+#else
+  (void)p;
+  (void)n;
+#endif
+}
+void tsan_write(const void* p, size_t n) {
+#if defined(EXLA_RS_GPUSIM_TSAN)
+  __tsan_write_range(const_cast<void*>(p), n);
+#else
+  (void)p;
+  (void)n;
+#endif
+}
+
+// Shared memory has 32 banks of 4 bytes. A warp access is served in phases: 128 bytes of lane
+// accesses at a time (8 lanes of 16 bytes, 16 of 8, 32 of 4); inside a phase each bank delivers one
+// distinct 4-byte word per wavefront (equal words broadcast). Conflicts = wavefronts beyond one per
+// phase, what Nsight Compute counts as shared-memory bank conflicts for these instructions.
+void bank_access(const char* kind, const uint32_t* offs, int n, unsigned bytes) {
+  if (n <= 0 || !g) return;
+  const int per_phase = (int)std::max(1u, 128u / bytes);
+  uint64_t wavefronts = 0, phases = 0;
+  for (int p0 = 0; p0 < n; p0 += per_phase) {
+    uint32_t words[32][32];
+    int count[32] = {};
+    for (int l = p0; l < std::min(n, p0 + per_phase); ++l)
+      for (unsigned w = 0; w < std::max(1u, bytes / 4); ++w) {
+        const uint32_t word = offs[l] / 4 + w;
+        const unsigned bank = word % 32;
+        bool seen = false;
+        for (int k = 0; k < count[bank]; ++k) seen |= words[bank][k] == word;
+        if (!seen && count[bank] < 32) words[bank][count[bank]++] = word;
+      }
+    int mx = 1;
+    for (int b = 0; b < 32; ++b) mx = std::max(mx, count[b]);
+    wavefronts += (uint64_t)mx;
+    phases += 1;
+  }
+  std::lock_guard<std::mutex> lk(g_bank_mutex);
+  BankStat& s = g_bank[g->kernel->name][kind];
+  s.accesses += 1;
+  s.wavefronts += wavefronts;
+  s.ideal += phases;
+}
+
+}  // namespace exla_rs_gpusim
+
+// ---------------------------------------------------------------------------------------------
+// The C ABI (exec.h).
+
+using namespace exla_rs_gpusim;
+
+extern "C" int exla_rs_gpusim_has_kernel(const char* kernel) { return find_kernel(kernel) ? 1 : 0; }
+
+extern "C" int exla_rs_gpusim_launch(const char* kernel, const uint32_t grid[3], const uint32_t block[3], uint32_t smem_bytes, void** args,
+                                     char* err, size_t err_len) {
+  auto report = [&](const std::string& s) {
+    if (err && err_len) {
+      snprintf(err, err_len, "%s", s.c_str());
+    }
+    return 1;
+  };
+  const KernelEntry* k = find_kernel(kernel);
+  if (!k) return report(std::string("no kernel named ") + kernel + " in the GPU-on-CPU executor's table");
+  const uint64_t nthreads = (uint64_t)block[0] * block[1] * block[2];
+  if (nthreads == 0 || nthreads > 1024)
+    return report("launch of " + std::string(kernel) + ": " + std::to_string(nthreads) + " threads per block (1..1024 allowed)");
+  if (grid[0] == 0 || grid[1] == 0 || grid[2] == 0 || grid[1] > 65535 || grid[2] > 65535)
+    return report("launch of " + std::string(kernel) + ": grid (" + std::to_string(grid[0]) + "," + std::to_string(grid[1]) + "," +
+                  std::to_string(grid[2]) + ") is empty or past the limits");
+  if (smem_bytes > 227 * 1024)
+    return report("launch of " + std::string(kernel) + ": " + std::to_string(smem_bytes) + " bytes of dynamic shared memory (227 KiB at most)");
+
+  std::lock_guard<std::mutex> lk(g_mutex);
+  Launch L;
+  L.kernel = k;
+  L.args = args;
+  L.grid = Dim3{grid[0], grid[1], grid[2]};
+  L.block = Dim3{block[0], block[1], block[2]};
+  L.nthreads = (unsigned)nthreads;
+  L.smem_bytes = smem_bytes;
+  void* sm = nullptr;
+  // Exactly smem_bytes (AddressSanitizer bounds an access past them), 1024-aligned like a
+  // GPU's shared window (the 128-byte swizzle atoms need it).
+  if (smem_bytes && posix_memalign(&sm, 1024, smem_bytes) != 0) return report("out of memory for shared memory");
+  L.smem = static_cast<unsigned char*>(sm);
+  L.threads.resize(L.nthreads);
+  L.warps.resize((L.nthreads + 31) / 32);
+  L.warpgroups.resize((L.nthreads + 127) / 128);
+  L.wg_async.resize((L.nthreads + 127) / 128);
+  L.cp_bank.resize((L.nthreads + 31) / 32);
+  int rc = 0;
+  for (auto& t : L.threads)
+    if (!fiber_map(t.fiber, kStackBytes)) {
+      rc = report("cannot map fiber stacks");
+      break;
+    }
+  g = &L;
+  fiber_init_main(L.sched);
+  tsan_release(&L.start_sync);
+  if (rc == 0) {
+    try {
+      for (unsigned z = 0; z < grid[2] && !L.failed; ++z)
+        for (unsigned y = 0; y < grid[1] && !L.failed; ++y)
+          for (unsigned x = 0; x < grid[0] && !L.failed; ++x) {
+            L.bidx = Dim3{x, y, z};
+            run_block();
+          }
+    } catch (const std::exception&) {
+      L.failed = true;
+    }
+    tsan_acquire(&L.end_sync);
+    if (L.failed) rc = report(std::string(kernel) + ": " + L.error);
+  }
+  g = nullptr;
+  for (auto& t : L.threads) fiber_unmap(t.fiber);
+  free(sm);
+  return rc;
+}
+
+extern "C" size_t exla_rs_gpusim_stats_json(char* buf, size_t len) {
+  std::lock_guard<std::mutex> lk(g_bank_mutex);
+  std::string s = "{";
+  bool first_k = true;
+  std::vector<std::string> names;
+  for (auto& [k, v] : g_bank) names.push_back(k);
+  std::sort(names.begin(), names.end());
+  for (auto& k : names) {
+    s += (first_k ? "" : ",") + std::string("\"") + k + "\":{";
+    first_k = false;
+    bool first = true;
+    for (auto& [kind, st] : g_bank[k]) {
+      char b[256];
+      snprintf(b, sizeof b, "%s\"%s\":{\"accesses\":%llu,\"wavefronts\":%llu,\"ideal\":%llu,\"conflicts\":%llu}", first ? "" : ",",
+               kind.c_str(), (unsigned long long)st.accesses, (unsigned long long)st.wavefronts, (unsigned long long)st.ideal,
+               (unsigned long long)(st.wavefronts - st.ideal));
+      s += b;
+      first = false;
+    }
+    s += "}";
+  }
+  s += "}";
+  if (buf && len) snprintf(buf, len, "%s", s.c_str());
+  return s.size();
+}
+
+extern "C" void exla_rs_gpusim_stats_reset(void) {
+  std::lock_guard<std::mutex> lk(g_bank_mutex);
+  g_bank.clear();
+}
