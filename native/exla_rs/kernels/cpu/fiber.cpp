@@ -81,6 +81,13 @@ void fiber_unmap(Fiber& f) {
 }
 
 void fiber_reset(Fiber& f, void (*entry)()) {
+#if defined(EXLA_RS_GPUSIM_TSAN)
+  // A fresh mapping: ThreadSanitizer clears its shadow of unmapped memory, so the stack variables
+  // of the previous block's thread on this stack are not taken for another thread's accesses.
+  const size_t usable = f.usable;
+  fiber_unmap(f);
+  fiber_map(f, usable);
+#endif
   // Frame popped by the first switch into the fiber, from low to high addresses:
   // [mxcsr, fcw][r15 r14 r13 r12 rbx rbp][return address = entry][0: entry's own "return address"]
   // so that entry starts with rsp = 8 (mod 16), as after a call.

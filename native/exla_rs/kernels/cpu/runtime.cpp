@@ -28,11 +28,39 @@
 
 #include "exec.h"
 #include "fiber.hpp"
+
+#if defined(EXLA_RS_GPUSIM_TSAN)
+// ThreadSanitizer's range annotations (exported by its runtime, not declared in its header).
+extern "C" void __tsan_read_range(void* addr, unsigned long size);
+extern "C" void __tsan_write_range(void* addr, unsigned long size);
+extern "C" void __tsan_ignore_thread_begin();
+extern "C" void __tsan_ignore_thread_end();
+#endif
 #include "kernel_table.hpp"
 
 namespace exla_rs_gpusim {
 
 namespace {
+
+// The core's own memory traffic (its maps, vectors, tokens; the allocator calls ThreadSanitizer
+// intercepts) happens in whichever fiber entered it and is ordered by the scheduler, not by GPU
+// rules: every entry point from a kernel ignores it. The memory effects the core performs for a
+// kernel are annotated explicitly (tsan_read / tsan_write), outside the ignore.
+bool g_in_engine = false;  // a copy-engine or tensor-core context is current (no ignore there)
+struct CoreScope {
+  CoreScope() {
+#if defined(EXLA_RS_GPUSIM_TSAN)
+    if (!g_in_engine) __tsan_ignore_thread_begin();
+#endif
+  }
+  ~CoreScope() {
+#if defined(EXLA_RS_GPUSIM_TSAN)
+    if (!g_in_engine) __tsan_ignore_thread_end();
+#endif
+  }
+  CoreScope(const CoreScope&) = delete;
+  CoreScope& operator=(const CoreScope&) = delete;
+};
 
 constexpr size_t kStackBytes =
 #if defined(EXLA_RS_GPUSIM_ASAN) || defined(EXLA_RS_GPUSIM_TSAN)
@@ -319,7 +347,11 @@ size_t deliver_copies(uint32_t bar) {
     // completion the bytes count towards.
     void* prev = tsan_current();
     void* eng = tsan_context_create();
-    if (eng) tsan_context_switch(eng);
+    const bool was_engine = g_in_engine;
+    if (eng) {
+      tsan_context_switch(eng);
+      g_in_engine = true;
+    }
     tsan_acquire(c.token.get());
     uint32_t bytes = 0;
     const char* err = c.fn(c.ctx.data(), g->smem, g->smem_bytes, &bytes);
@@ -330,6 +362,7 @@ size_t deliver_copies(uint32_t bar) {
       tsan_release(&mb.sync[mb.phase & 3]);
     }
     if (eng) {
+      g_in_engine = was_engine;
       tsan_context_switch(prev);
       tsan_context_destroy(eng);
     }
@@ -344,9 +377,31 @@ size_t deliver_copies(uint32_t bar) {
 
 void run_block() {
   Launch& L = *g;
-  // Fresh, poisoned shared memory: all-ones bytes are NaN as f32, f16 and bf16, so a read of
-  // shared memory nothing wrote shows in the results (and the models check their operands).
-  if (L.smem) memset(L.smem, 0xff, L.smem_bytes);
+  // Fresh, poisoned shared memory for every block: a new allocation (the sanitizers forget the
+  // previous block's accesses to it, as a GPU's blocks do not share shared memory), all-ones bytes,
+  // which are NaN as f32, f16 and bf16, so a read of shared memory nothing wrote shows in the
+  // results (and the models check their operands). Exactly smem_bytes (AddressSanitizer bounds an
+  // access past them), 1024-aligned like a GPU's shared window (128-byte swizzle atoms need it).
+#if defined(EXLA_RS_GPUSIM_TSAN)
+  __tsan_ignore_thread_begin();  // freeing the last block's shared memory is no thread's store
+#endif
+  free(L.smem);
+#if defined(EXLA_RS_GPUSIM_TSAN)
+  __tsan_ignore_thread_end();
+#endif
+  L.smem = nullptr;
+  if (L.smem_bytes) {
+    void* sm = nullptr;
+    if (posix_memalign(&sm, 1024, L.smem_bytes) != 0) throw std::runtime_error("out of memory for shared memory");
+    L.smem = static_cast<unsigned char*>(sm);
+#if defined(EXLA_RS_GPUSIM_TSAN)
+    __tsan_ignore_thread_begin();  // the executor's poison is not a thread's store
+#endif
+    memset(L.smem, 0xff, L.smem_bytes);
+#if defined(EXLA_RS_GPUSIM_TSAN)
+    __tsan_ignore_thread_end();
+#endif
+  }
   for (auto& w : L.warps) w = Group{};
   for (auto& w : L.warpgroups) w = Group{};
   for (auto& b : L.barriers) b = CtaBarrier{};
@@ -530,6 +585,7 @@ static void* claim_collective_token() {
 }
 
 void warp_collective(Op op, unsigned mask, const char* site, LaneIo& io, CollectiveFn fn, void* ctx, bool orders_memory) {
+  CoreScope scope;
   ThreadState* t = g->cur;
   const uint64_t m[2] = {mask, 0};
   // A warp past the block's last thread has fewer lanes: a mask naming them can never complete.
@@ -537,6 +593,7 @@ void warp_collective(Op op, unsigned mask, const char* site, LaneIo& io, Collect
 }
 
 void warpgroup_collective(Op op, const char* site, LaneIo& io, CollectiveFn fn, void* ctx) {
+  CoreScope scope;
   ThreadState* t = g->cur;
   const unsigned wgi = t->tid / 128;
   if ((wgi + 1) * 128 > g->nthreads) fail("%s at %s: warpgroup %u is incomplete (block of %u threads)", op_name(op), site, wgi, g->nthreads);
@@ -545,6 +602,7 @@ void warpgroup_collective(Op op, const char* site, LaneIo& io, CollectiveFn fn, 
 }
 
 int cta_barrier(unsigned id, unsigned count, bool wait, int vote) {
+  CoreScope scope;
   if (id >= 16) fail("bar.%s %u: barrier ids are 0..15", wait ? "sync" : "arrive", id);
   if (count == 0 || count % 32 != 0 || count > g->nthreads)
     fail("bar.%s %u, %u: the thread count must be a non-zero multiple of 32 and at most the block's %u", wait ? "sync" : "arrive", id,
@@ -575,6 +633,7 @@ int cta_barrier(unsigned id, unsigned count, bool wait, int vote) {
 }
 
 void mbar_init(uint32_t off, unsigned count) {
+  CoreScope scope;
   if (off % 8) fail("mbarrier.init at shared offset 0x%x: mbarriers are 8-byte aligned", off);
   if (count == 0 || count >= (1u << 20)) fail("mbarrier.init at 0x%x with count %u: must be 1 .. 2^20 - 1", off, count);
   Mbar& mb = g->mbars[off];
@@ -584,6 +643,7 @@ void mbar_init(uint32_t off, unsigned count) {
 }
 
 void mbar_arrive(uint32_t off, unsigned expect_tx) {
+  CoreScope scope;
   Mbar& mb = mbar_at(off, expect_tx ? "mbarrier.arrive.expect_tx" : "mbarrier.arrive");
   mb.tx += expect_tx;
   tsan_release(&mb.sync[mb.phase & 3]);
@@ -593,6 +653,7 @@ void mbar_arrive(uint32_t off, unsigned expect_tx) {
 }
 
 void mbar_wait(uint32_t off, unsigned parity) {
+  CoreScope scope;
   for (;;) {
     Mbar& mb = mbar_at(off, "mbarrier.try_wait.parity");
     // The phase of parity `parity` has completed when the current (incomplete) phase's parity differs.
@@ -609,6 +670,7 @@ void mbar_wait(uint32_t off, unsigned parity) {
 }
 
 void async_copy(uint32_t bar, AsyncCopyFn fn, const void* ctx, size_t ctx_bytes) {
+  CoreScope scope;
   mbar_at(bar, "cp.async.bulk.tensor (its mbarrier)");
   AsyncCopy c;
   c.bar = bar;
@@ -645,11 +707,16 @@ void wgmma_wait(unsigned pending) {
     for (auto& m : grp) {
       void* prev = tsan_current();
       void* eng = tsan_context_create();
-      if (eng) tsan_context_switch(eng);
+      const bool was_engine = g_in_engine;
+      if (eng) {
+        tsan_context_switch(eng);
+        g_in_engine = true;
+      }
       if (m.token) tsan_acquire(m.token);
       const char* err = m.fn(m.ctx.data(), g->smem, g->smem_bytes);
       tsan_release(&a.done_sync);
       if (eng) {
+        g_in_engine = was_engine;
         tsan_context_switch(prev);
         tsan_context_destroy(eng);
       }
@@ -665,11 +732,17 @@ void wgmma_retired_acquire() {
 }
 
 void cp_async_issue(uint32_t dst_off, const void* bytes16) {
+  CoreScope scope;
   ThreadState* t = g->cur;
   CpCopy c;
   c.off = dst_off;
   memcpy(c.data, bytes16, 16);
   t->cp_open.push_back(c);
+  // The PTX ISA orders cp.async's shared-memory write with nothing until the issuing thread's
+  // wait_group: it may land any time from now on. For race detection it is this thread's write
+  // now (a read of the destination by another thread not ordered before this issue races); the
+  // data itself lands at the wait (a read before it sees stale bytes).
+  tsan_write(g->smem + dst_off, 16);
   // Bank statistics: the warp's lanes' k-th cp.async form one instruction.
   auto& m = g->cp_bank[t->warp];
   CpBank& b = m[t->cp_seq++];
@@ -683,18 +756,19 @@ void cp_async_issue(uint32_t dst_off, const void* bytes16) {
 }
 
 void cp_async_commit_group() {
+  CoreScope scope;
   ThreadState* t = g->cur;
   t->cp_groups.push_back(std::move(t->cp_open));
   t->cp_open.clear();
 }
 
 void cp_async_wait_group(unsigned pending) {
+  CoreScope scope;
   ThreadState* t = g->cur;
   while (t->cp_groups.size() > pending) {
     for (auto& c : t->cp_groups.front()) {
       unsigned char* dst = smem_ptr(c.off, 16, "cp.async landing");
-      memcpy(dst, c.data, 16);
-      tsan_write(dst, 16);
+      memcpy(dst, c.data, 16);  // under the core's ignore: the write was annotated at issue
     }
     t->cp_groups.pop_front();
   }
@@ -702,7 +776,9 @@ void cp_async_wait_group(unsigned pending) {
 
 void tsan_read(const void* p, size_t n) {
 #if defined(EXLA_RS_GPUSIM_TSAN)
+  if (!g_in_engine) __tsan_ignore_thread_end();
   __tsan_read_range(const_cast<void*>(p), n);
+  if (!g_in_engine) __tsan_ignore_thread_begin();
 #else
   (void)p;
   (void)n;
@@ -710,7 +786,9 @@ void tsan_read(const void* p, size_t n) {
 }
 void tsan_write(const void* p, size_t n) {
 #if defined(EXLA_RS_GPUSIM_TSAN)
+  if (!g_in_engine) __tsan_ignore_thread_end();
   __tsan_write_range(const_cast<void*>(p), n);
+  if (!g_in_engine) __tsan_ignore_thread_begin();
 #else
   (void)p;
   (void)n;
@@ -784,11 +862,6 @@ extern "C" int exla_rs_gpusim_launch(const char* kernel, const uint32_t grid[3],
   L.block = Dim3{block[0], block[1], block[2]};
   L.nthreads = (unsigned)nthreads;
   L.smem_bytes = smem_bytes;
-  void* sm = nullptr;
-  // Exactly smem_bytes (AddressSanitizer bounds an access past them), 1024-aligned like a
-  // GPU's shared window (the 128-byte swizzle atoms need it).
-  if (smem_bytes && posix_memalign(&sm, 1024, smem_bytes) != 0) return report("out of memory for shared memory");
-  L.smem = static_cast<unsigned char*>(sm);
   L.threads.resize(L.nthreads);
   L.warps.resize((L.nthreads + 31) / 32);
   L.warpgroups.resize((L.nthreads + 127) / 128);
@@ -811,7 +884,8 @@ extern "C" int exla_rs_gpusim_launch(const char* kernel, const uint32_t grid[3],
             L.bidx = Dim3{x, y, z};
             run_block();
           }
-    } catch (const std::exception&) {
+    } catch (const std::exception& e) {
+      if (!L.failed) L.error = e.what();
       L.failed = true;
     }
     tsan_acquire(&L.end_sync);
@@ -819,7 +893,7 @@ extern "C" int exla_rs_gpusim_launch(const char* kernel, const uint32_t grid[3],
   }
   g = nullptr;
   for (auto& t : L.threads) fiber_unmap(t.fiber);
-  free(sm);
+  free(L.smem);
   return rc;
 }
 

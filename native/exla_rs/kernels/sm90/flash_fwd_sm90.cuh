@@ -19,7 +19,6 @@
 
 #include "../common.cuh"
 #include "hopper.cuh"
-#include "wgmma_ops.cuh"
 
 namespace exla_rs {
 namespace sm90 {
