@@ -496,6 +496,10 @@ unsigned char* dynamic_smem() { return g->smem; }
 size_t dynamic_smem_bytes() { return g->smem_bytes; }
 
 void fail(const char* fmt, ...) {
+#if defined(EXLA_RS_GPUSIM_TSAN)
+  // The report is the executor's own work; the failing fiber never resumes, so no matching end.
+  if (g->cur) __tsan_ignore_thread_begin();
+#endif
   va_list ap;
   va_start(ap, fmt);
   std::string msg = vformat(fmt, ap);
@@ -506,6 +510,7 @@ void fail(const char* fmt, ...) {
   }
   if (g->cur) {
     g->cur->done = true;
+    tsan_release(&g->end_sync);
     switch_to_scheduler();
   }
   // In the scheduler's own context (copy-engine delivery): unwind to the launch.
@@ -888,10 +893,28 @@ extern "C" int exla_rs_gpusim_launch(const char* kernel, const uint32_t grid[3],
       if (!L.failed) L.error = e.what();
       L.failed = true;
     }
+    if (L.failed) {
+      // The threads stopped mid-kernel end here as far as ThreadSanitizer is concerned, so the
+      // caller's later use of the buffers is ordered after their accesses.
+      void* self = tsan_current();
+      for (auto& t : L.threads)
+        if (!t.done && t.fiber.tsan) {
+          tsan_context_switch(t.fiber.tsan);
+          tsan_release(&L.end_sync);
+          tsan_context_switch(self);
+        }
+    }
     tsan_acquire(&L.end_sync);
     if (L.failed) rc = report(std::string(kernel) + ": " + L.error);
   }
   g = nullptr;
+#if defined(EXLA_RS_GPUSIM_TSAN)
+  // A failed launch leaves fibers stopped inside the core with ThreadSanitizer's ignores on, and
+  // destroying such a fiber aborts the process: keep them (and their stacks) for the process's
+  // life; the report has already been written.
+  if (L.failed)
+    for (auto& t : L.threads) t.fiber.stack = nullptr, t.fiber.tsan = nullptr;
+#endif
   for (auto& t : L.threads) fiber_unmap(t.fiber);
   free(L.smem);
   return rc;
