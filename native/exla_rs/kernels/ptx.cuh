@@ -93,10 +93,23 @@ EXLA_RS_DEVICE void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
 
+// ldmatrix.sync.aligned.m8n8.x{1,2,4}[.trans].shared.b16: lanes 8i..8i+7 address matrix i's rows.
+EXLA_RS_DEVICE void ldmatrix_x1(unsigned (&r)[1], const void* smem) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x1.shared.b16 {%0}, [%1];" : "=r"(r[0]) : "r"(smem_u32(smem)));
+}
+EXLA_RS_DEVICE void ldmatrix_x2(unsigned (&r)[2], const void* smem) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];" : "=r"(r[0]), "=r"(r[1]) : "r"(smem_u32(smem)));
+}
 EXLA_RS_DEVICE void ldmatrix_x4(unsigned (&r)[4], const void* smem) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(smem_u32(smem)));
+}
+EXLA_RS_DEVICE void ldmatrix_x1_trans(unsigned (&r)[1], const void* smem) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x1.trans.shared.b16 {%0}, [%1];" : "=r"(r[0]) : "r"(smem_u32(smem)));
+}
+EXLA_RS_DEVICE void ldmatrix_x2_trans(unsigned (&r)[2], const void* smem) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0,%1}, [%2];" : "=r"(r[0]), "=r"(r[1]) : "r"(smem_u32(smem)));
 }
 EXLA_RS_DEVICE void ldmatrix_x4_trans(unsigned (&r)[4], const void* smem) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"

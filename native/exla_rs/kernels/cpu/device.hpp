@@ -176,6 +176,8 @@ inline unsigned __float_as_uint(float f) {
 inline unsigned __umulhi(unsigned a, unsigned b) { return (unsigned)(((unsigned long long)a * b) >> 32); }
 inline int __ffs(int x) { return __builtin_ffs(x); }
 inline int __popc(unsigned x) { return __builtin_popcount(x); }
+// The shared window address of a generic pointer into shared memory (cvta.to.shared).
+inline size_t __cvta_generic_to_shared(const void* p) { return ::exla_rs_gpusim::smem_offset(p, 0, "__cvta_generic_to_shared"); }
 // __log2f: lg2.approx.f32 (no .ftz unless compiled with -ftz=true; nvcc's default here is false).
 inline float __log2f(float x) { return log2f(x); }
 
@@ -343,23 +345,29 @@ inline void cp_async_wait() {
   exla_rs_gpusim::cp_async_wait_group(N);
 }
 
-// ldmatrix.sync.aligned.m8n8.x4[.trans].shared.b16 (PTX ISA "ldmatrix"): lanes 8i..8i+7 give the
-// addresses of rows 0..7 of matrix i (16 bytes each, 16-byte aligned). Without .trans, lane L
-// receives in r[i] the elements (row L / 4, columns 2 (L % 4) and 2 (L % 4) + 1) of matrix i,
-// the lower column in the lower half; with .trans, those of the transposed matrix. Each lane reads
-// its own row (it is that lane's shared-memory access); a row still holding the executor's poison
-// (0xffff halves: nothing wrote it) fails the launch as an uninitialised read.
-inline void ldmatrix_fn(exla_rs_gpusim::LaneIo* l, uint64_t, uint64_t, void* trans) {
+// ldmatrix.sync.aligned.m8n8.x{1,2,4}[.trans].shared.b16 (PTX ISA "ldmatrix"): lanes 8i..8i+7
+// give the addresses of rows 0..7 of matrix i (16 bytes each, 16-byte aligned); the other lanes'
+// addresses are not used. Without .trans, lane L receives in r[i] the elements (row L / 4,
+// columns 2 (L % 4) and 2 (L % 4) + 1) of matrix i, the lower column in the lower half; with
+// .trans, those of the transposed matrix. Each lane reads its own row (that lane's shared-memory
+// access); a row still holding the executor's poison (0xffff halves: nothing wrote it) fails the
+// launch as an uninitialised read.
+struct LdmatrixShape {
+  int matrices;
+  bool trans;
+};
+inline void ldmatrix_fn(exla_rs_gpusim::LaneIo* l, uint64_t, uint64_t, void* ctx) {
+  const LdmatrixShape& sh = *static_cast<const LdmatrixShape*>(ctx);
   uint32_t offs[32];
-  for (int i = 0; i < 32; ++i) offs[i] = (uint32_t)l[i].aux;
-  exla_rs_gpusim::bank_access("ldmatrix", offs, 32, 16);
+  for (int i = 0; i < 8 * sh.matrices; ++i) offs[i] = (uint32_t)l[i].aux;
+  exla_rs_gpusim::bank_access("ldmatrix", offs, 8 * sh.matrices, 16);
   for (int lane = 0; lane < 32; ++lane) {
     const int r = lane >> 2, c = 2 * (lane & 3);
-    for (int m = 0; m < 4; ++m) {
+    for (int m = 0; m < sh.matrices; ++m) {
       unsigned short e[2];
       for (int k = 0; k < 2; ++k) {
         // Element (row, col) of matrix m is half `col` of the row given by lane 8m + row.
-        const int row = trans ? c + k : r, col = trans ? r : c + k;
+        const int row = sh.trans ? c + k : r, col = sh.trans ? r : c + k;
         const uint32_t* src = l[8 * m + row].in;
         e[k] = (unsigned short)((src[col / 2] >> (16 * (col % 2))) & 0xffff);
       }
@@ -367,23 +375,34 @@ inline void ldmatrix_fn(exla_rs_gpusim::LaneIo* l, uint64_t, uint64_t, void* tra
     }
   }
 }
-inline void ldmatrix_x4_impl(unsigned (&r)[4], const void* smem, bool trans) {
-  const uint32_t off = exla_rs_gpusim::smem_offset(smem, 16, trans ? "ldmatrix.trans row" : "ldmatrix row");
-  if (off % 16) exla_rs_gpusim::fail("ldmatrix: row address at shared offset 0x%x is not 16-byte aligned", off);
+template <int N>
+inline void ldmatrix_impl(unsigned (&r)[N], const void* smem, bool trans) {
+  static_assert(N == 1 || N == 2 || N == 4, "ldmatrix .x1, .x2 or .x4");
+  static const LdmatrixShape shapes[2] = {{N, false}, {N, true}};
   exla_rs_gpusim::LaneIo io;
-  memcpy(io.in, smem, 16);
-  for (int i = 0; i < 8; ++i) {
-    const unsigned short h = (unsigned short)((io.in[i / 2] >> (16 * (i % 2))) & 0xffff);
-    if (h == 0xffff)
-      exla_rs_gpusim::fail("initcheck: ldmatrix reads shared offset 0x%x, which nothing wrote (the executor's poison)", off + 2 * i);
+  memset(io.in, 0, 16);
+  io.aux = 0;
+  if ((int)exla_rs_gpusim::linear_tid() % 32 < 8 * N) {
+    const uint32_t off = exla_rs_gpusim::smem_offset(smem, 16, trans ? "ldmatrix.trans row" : "ldmatrix row");
+    if (off % 16) exla_rs_gpusim::fail("ldmatrix: row address at shared offset 0x%x is not 16-byte aligned", off);
+    memcpy(io.in, smem, 16);
+    for (int i = 0; i < 8; ++i) {
+      const unsigned short h = (unsigned short)((io.in[i / 2] >> (16 * (i % 2))) & 0xffff);
+      if (h == 0xffff)
+        exla_rs_gpusim::fail("initcheck: ldmatrix reads shared offset 0x%x, which nothing wrote (the executor's poison)", off + 2 * i);
+    }
+    io.aux = off;
   }
-  io.aux = off;
-  exla_rs_gpusim::warp_collective(exla_rs_gpusim::Op::Ldmatrix, 0xffffffffu, trans ? "ldmatrix.x4.trans" : "ldmatrix.x4", io, ldmatrix_fn,
-                                  trans ? reinterpret_cast<void*>(1) : nullptr, false);
-  for (int i = 0; i < 4; ++i) r[i] = io.out[i];
+  exla_rs_gpusim::warp_collective(exla_rs_gpusim::Op::Ldmatrix, 0xffffffffu, trans ? "ldmatrix.trans" : "ldmatrix", io, ldmatrix_fn,
+                                  const_cast<LdmatrixShape*>(&shapes[trans]), false);
+  for (int i = 0; i < N; ++i) r[i] = io.out[i];
 }
-inline void ldmatrix_x4(unsigned (&r)[4], const void* smem) { ldmatrix_x4_impl(r, smem, false); }
-inline void ldmatrix_x4_trans(unsigned (&r)[4], const void* smem) { ldmatrix_x4_impl(r, smem, true); }
+inline void ldmatrix_x1(unsigned (&r)[1], const void* smem) { ldmatrix_impl<1>(r, smem, false); }
+inline void ldmatrix_x2(unsigned (&r)[2], const void* smem) { ldmatrix_impl<2>(r, smem, false); }
+inline void ldmatrix_x4(unsigned (&r)[4], const void* smem) { ldmatrix_impl<4>(r, smem, false); }
+inline void ldmatrix_x1_trans(unsigned (&r)[1], const void* smem) { ldmatrix_impl<1>(r, smem, true); }
+inline void ldmatrix_x2_trans(unsigned (&r)[2], const void* smem) { ldmatrix_impl<2>(r, smem, true); }
+inline void ldmatrix_x4_trans(unsigned (&r)[4], const void* smem) { ldmatrix_impl<4>(r, smem, true); }
 
 // red.global.add.f32 (PTX ISA "red"): an atomic add.
 inline void red_add_f32(float* addr, float v) { atomicAdd(addr, v); }
