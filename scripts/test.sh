@@ -65,6 +65,9 @@ step "CUDA sm90 kernel emulation" "$EXLA_RS_VENVS/jax-0.10.2/bin/python" native/
 # No kernel may spill: any LDL/STL in the SASS of the release build's fatbins fails CI (per-kernel
 # instruction/HMMA/integer-op counts are printed too: the signal for kernel work without a GPU).
 step "CUDA kernels: SASS statistics, no spills" "$EXLA_RS_VENVS/jax-0.10.2/bin/python" native/exla_rs/kernels/sass_stats.py --check-spills
+# The plain feature set (what most calls run) within its SASS budget: instructions and integer ops
+# per HMMA per kernel, so no optional feature and no change taxes the common path unnoticed (#26).
+step "CUDA kernels: plain set within its SASS budget" "$EXLA_RS_VENVS/jax-0.10.2/bin/python" native/exla_rs/kernels/sass_stats.py --check
 # The README's main job, small: it must run to its check and its timings.
 step "demo (scripts/demo.py, S=256)" "$EXLA_RS_VENVS/jax-0.10.2/bin/python" scripts/demo.py --seq 256 --repeats 1
 # ExUnit on Elixir >= 1.17 with real Nx, EXLA's Elixir side and Axon as Mix dependencies

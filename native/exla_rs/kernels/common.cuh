@@ -145,6 +145,16 @@ EXLA_RS_DEVICE float warp_max(float x) {
 constexpr long long kWindowCap = 1LL << 40;
 EXLA_RS_DEVICE long long clamp_window(long long w) { return w > kWindowCap ? kWindowCap : w; }
 
+// Bits [a, z) of a 64-bit word, a and z clamped to [0, 64]. A straddling tile turns each row's (fwd)
+// or key's (bwd) visible interval into one such mask: an element then costs one bit test against a
+// compile-time bit instead of two compares.
+EXLA_RS_DEVICE unsigned long long bit_range(int a, int z) {
+  const int lo = imax(a, 0), hi = imin(z, 64);
+  if (lo >= hi) return 0ull;
+  const unsigned long long below_hi = hi == 64 ? ~0ull : (1ull << hi) - 1ull;
+  return below_hi & (~0ull << lo);  // lo <= 63 here
+}
+
 struct Mask {
   int seq_q, seq_k;
   int kv_end;          // min(max(kv_len, 0), seq_k): keys >= kv_end are padding, never read

@@ -252,6 +252,21 @@ def ballot(pred):
     return int(sum(1 << l for l in range(32) if pred[l]))
 
 
+ALL64 = np.uint64(0xFFFFFFFFFFFFFFFF)
+
+
+def bit_range(a, z):
+    """common.cuh bit_range, per lane: bits [a, z) of a u64, a and z clamped to [0, 64]."""
+    lo, hi = np.maximum(a, 0), np.minimum(z, 64)
+    below_hi = np.where(hi >= 64, ALL64, (np.uint64(1) << np.clip(hi, 0, 63).astype(np.uint64)) - np.uint64(1))
+    return np.where(lo >= hi, np.uint64(0), below_hi & (ALL64 << np.clip(lo, 0, 63).astype(np.uint64)))
+
+
+def bit_of(bits, c):
+    """Bit c (an int) of each lane's u64 mask, as bools."""
+    return ((bits >> np.uint64(c)) & np.uint64(1)) == 1
+
+
 def key_mask_tile_bits(ex, b, n0, sk, bn):
     """extras.cuh key_mask_tile_bits: each lane reads keys n0 + half * 32 + lane, one ballot per half."""
     bits = 0
@@ -580,10 +595,10 @@ def flash_fwd(q, k, v, kv_len, q_start, scale, softcap, wl, wr, ex=None):
                         if not full:
                             km_mine = np.uint64(km_bits) >> (TIG * 2).astype(np.uint64)
                             for r in range(2):
-                                a, z = lo_r[r] - n0 - TIG * 2, hi_r[r] - n0 - TIG * 2
+                                vis = bit_range(lo_r[r] - n0 - TIG * 2, hi_r[r] - n0 - TIG * 2) & km_mine
                                 for j in range(BN // 8):
                                     for e1 in range(2):
-                                        hid = (j * 8 + e1 < a) | (j * 8 + e1 >= z) | (((km_mine >> np.uint64(j * 8 + e1)) & np.uint64(1)) == 0)
+                                        hid = ~bit_of(vis, j * 8 + e1)
                                         s[j, :, 2 * r + e1] = np.where(hid, -np.inf, s[j, :, 2 * r + e1])
                         has_bias = ex is not None and ex.bias is not None
                         if (not full or has_bias) and not np.isfinite(sV).all():
@@ -668,7 +683,7 @@ def bwd_traits(d):
     return warps, split, 16 * warps // split, (64 if d <= 96 else 32), d // split
 
 
-def bwd_extras_step(ex, st, dpt, dbias_keys, b, h, hk, t, group, m_tiles, m0, n0, ks, dpart, key_a, kbad, qa, qz, full, sLse, sDelta,
+def bwd_extras_step(ex, st, dpt, dbias_keys, b, h, hk, t, group, m_tiles, m0, n0, ks, dpart, key_a, kbad, qvis, sLse, sDelta,
                     mask, Sq, BM, scale, softcap):
     """flash_bwd.cuh's `if (extras)` step for one warp (st, dpt, dbias_keys updated in place)."""
     keep_bits = np.full(32, 0xFFFFFFFF, np.uint64)
@@ -696,7 +711,7 @@ def bwd_extras_step(ex, st, dpt, dbias_keys, b, h, hk, t, group, m_tiles, m0, n0
                 z2 = z2 + ex.bias_at(bias_base + qc * bsq + kc * bsk, ok) * np.float32(L2E)
             if ex.alibi is not None:
                 z2 = z2 + slope_l2 * np.abs(rel + qc - kc).astype(np.float32)
-            vis = (l2 != -np.inf) & (full | ((qc >= qa[e >> 1]) & (qc < qz[e >> 1]))) & (z2 != -np.inf)
+            vis = (l2 != -np.inf) & bit_of(qvis[e >> 1], qc) & (z2 != -np.inf)
             pr = np.where(vis, np.exp2(z2 - l2), 0).astype(np.float32)
             pm = np.where((keep_bits >> np.uint64(j * 4 + e)) & np.uint64(1), drop_scale, 0).astype(np.float32)
             st[j, :, e] = pr * pm
@@ -804,6 +819,8 @@ def flash_bwd(q, k, v, kv_len, q_start, o, lse, do, scale, softcap, wl, wr, ex=N
                                 hidden = ((np.uint64(km_bits) >> (key_a + 8 * r - n0).astype(np.uint64)) & np.uint64(1)) == 0
                                 qlo[r], qhi[r] = np.where(hidden, 0, qlo[r]), np.where(hidden, 0, qhi[r])
                             qa, qz = qlo - m0 - TIG * 2, qhi - m0 - TIG * 2
+                            # flash_bwd.cuh qvis: each key's visible queries of the step as bits (all on a full step)
+                            qvis = [np.full(32, ALL64) if full else bit_range(qa[r], qz[r]) for r in range(2)]
                             st = np.zeros((BM // 8, 32, 4), np.float32)
                             dpt = np.zeros((BM // 8, 32, 4), np.float32)
                             for kk in range(D // 16):
@@ -818,8 +835,8 @@ def flash_bwd(q, k, v, kv_len, q_start, o, lse, do, scale, softcap, wl, wr, ex=N
                                     dpt[2 * nt + 1] = mma(dpt[2 * nt + 1], av, bo[2], bo[3])
                             if extras:
                                 dbias_keys = np.zeros((2, 32), np.float32)  # the step's Sqb = 1 sums of the lanes' keys
-                                bwd_extras_step(ex, st, dpt, dbias_keys, b, h, hk, t, group, m_tiles, m0, n0, ks, dpart, key_a, kbad, qa, qz,
-                                                full, sLse, sDelta, mask, Sq, BM, scale, softcap)
+                                bwd_extras_step(ex, st, dpt, dbias_keys, b, h, hk, t, group, m_tiles, m0, n0, ks, dpart, key_a, kbad, qvis,
+                                                sLse, sDelta, mask, Sq, BM, scale, softcap)
                             for j in range(BM // 8 if not extras else 0):
                                 for e in range(4):
                                     ql = j * 8 + TIG * 2 + (e & 1)
@@ -828,7 +845,7 @@ def flash_bwd(q, k, v, kv_len, q_start, o, lse, do, scale, softcap, wl, wr, ex=N
                                     with np.errstate(invalid="ignore", over="ignore"):
                                         s = np.where(kbad[ks * 16 + G + 8 * (e >> 1)], np.nan, score(st[j, :, e], scale, softcap))
                                         qc = j * 8 + (e & 1)
-                                        vis = (l2 != -np.inf) & (full | ((qc >= qa[e >> 1]) & (qc < qz[e >> 1])))
+                                        vis = (l2 != -np.inf) & bit_of(qvis[e >> 1], qc)
                                         pr = np.where(vis, np.exp2(s * L2E - l2), 0)
                                         grad = 1 - (s * np.float32(1 / softcap)) ** 2 if softcap > 0 else 1
                                         st[j, :, e] = pr

@@ -10,6 +10,16 @@
 
 namespace exla_rs {
 
+// Compile-time feature sets of the tensor-core kernels (flash_fwd.cuh, flash_bwd.cuh): the `F`
+// template argument is an OR of these bits, and kernels/generate.py writes one instantiation per
+// set; the launcher (crates/exla-rs-cuda/src/config.rs, FeatureSet) picks the smallest set that
+// covers the call. A feature whose bit is clear is compiled out, so the plain set (F = 0: causal,
+// window, softcap, kv_len, q_start only) carries none of the others' code, registers or integer
+// work. Inside a set, a feature is still tested at run time (a null pointer = absent), so the set
+// with a bit computes the same result as the plain set when that feature is absent.
+constexpr int kFeatMasks = 1;    // key_mask, bias, ALiBi, dbias (masks and additive terms)
+constexpr int kFeatDropout = 2;  // dropout
+
 // ---------------------------------------------------------------------------------------------
 // Dropout: Philox4x32-10 (Salmon et al., SC 2011; Random123's philox4x32_R(10, ctr, key)), as the
 // contract's "The generator" section defines it. All arithmetic wraps mod 2^32.

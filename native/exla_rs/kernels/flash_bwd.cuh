@@ -93,8 +93,8 @@ struct BwdExtrasStep {
 template <class BT, int BM>
 EXLA_RS_DEVICE void bwd_extras_elementwise(float (&st)[BM / 8][4], float (&dpt)[BM / 8][4], float (&dbias_keys)[2],
                                            const BwdExtrasStep& xs, const BwdParams& p, const float* sLse,
-                                           const float* sDelta, const bool (&kbad)[2], const int (&qa)[2],
-                                           const int (&qz)[2], bool full) {
+                                           const float* sDelta, const bool (&kbad)[2],
+                                           const unsigned long long (&qvis)[2]) {
   const void* bias = xs.bias;
   const unsigned keep_bits = xs.keep_bits;
   const float drop_scale = xs.drop_scale, slope_l2 = xs.slope_l2;
@@ -118,7 +118,7 @@ EXLA_RS_DEVICE void bwd_extras_elementwise(float (&st)[BM / 8][4], float (&dpt)[
       }
       if (has_alibi) z2 += slope_l2 * alibi_dist(rel + qc - kc);
       // A bias of -inf hides the element like the mask (P = 0, and no NaN from dP).
-      const bool vis = l2 != neg_inf() && (full || (qc >= qa[e >> 1] && qc < qz[e >> 1])) && z2 != neg_inf();
+      const bool vis = l2 != neg_inf() && ((qvis[e >> 1] >> qc) & 1) && z2 != neg_inf();
       const float pr = vis ? ex2(z2 - l2) : 0.f;
       const float pm = ((keep_bits >> (j * 4 + e)) & 1) ? drop_scale : 0.f;  // M * scale_drop
       st[j][e] = pr * pm;
@@ -148,8 +148,11 @@ EXLA_RS_DEVICE void bwd_extras_elementwise(float (&st)[BM / 8][4], float (&dpt)[
   }
 }
 
-template <class T, int D>
+// F: the feature set (kFeatMasks | kFeatDropout bits, extras.cuh); a clear bit compiles its
+// feature out.
+template <class T, int D, int F>
 __device__ __forceinline__ void flash_bwd(const BwdParams& p) {
+  constexpr bool kMasks = F & kFeatMasks, kDrop = F & kFeatDropout;
   using Tr = BwdTraits<D>;
   constexpr int BM = Tr::kBlockM, BN = Tr::kBlockN, NT = Tr::kThreads, DW = Tr::kDW, NW = Tr::kWarps;
   using SwKV = Swz<BN, D>;
@@ -191,7 +194,8 @@ __device__ __forceinline__ void flash_bwd(const BwdParams& p) {
   // key_mask: one bit per key of the block (warp-uniform). A block whose keys are all hidden has
   // nothing to sweep (dK = dV = 0) and loads nothing.
   unsigned long long km_bits = ~0ull >> (64 - BN);
-  if (x.key_mask != nullptr) {
+  const bool has_km = kMasks && x.key_mask != nullptr;
+  if (has_km) {
     km_bits = key_mask_tile_bits<BN>(x, (long long)b * p.seq_k, n0, p.seq_k, lane);
     if (km_bits == 0) q_lo = q_hi = 0;
   }
@@ -203,16 +207,19 @@ __device__ __forceinline__ void flash_bwd(const BwdParams& p) {
   const int key_a = n0 + ks * 16 + g;  // this thread's two keys: key_a, key_a + 8
   bool kbad[2] = {false, false};       // their K rows held an inf/NaN (set at the first step)
   // The queries that see each of the two keys: one interval per key, found once, so a straddling
-  // step tests elements with two 32-bit compares instead of the 64-bit window predicate.
+  // step tests elements against a bit mask of it (qvis below) instead of the 64-bit window predicate.
   int qlo[2], qhi[2];
   mask.keys_rows(key_a, key_a + 1, qlo[0], qhi[0]);
   mask.keys_rows(key_a + 8, key_a + 9, qlo[1], qhi[1]);
 #pragma unroll
   for (int r = 0; r < 2; ++r)  // a key hidden by key_mask: no query sees it
-    if (!((km_bits >> (key_a + 8 * r - n0)) & 1)) qlo[r] = qhi[r] = 0;
+    if (has_km && !((km_bits >> (key_a + 8 * r - n0)) & 1)) qlo[r] = qhi[r] = 0;
   const bool km_full = km_bits == ~0ull >> (64 - BN);
-  // Any feature that touches the elementwise step (key_mask alone only narrows the intervals).
-  const bool extras = x.bias != nullptr || x.alibi_slopes != nullptr || x.dropout_key != nullptr || p.dbias_accum != nullptr;
+  // Any feature that touches the elementwise step (key_mask alone only narrows the intervals);
+  // constant false in the plain set, which keeps only the plain step below.
+  const bool has_bias = kMasks && x.bias != nullptr, has_alibi = kMasks && x.alibi_slopes != nullptr;
+  const bool has_drop = kDrop && x.dropout_key != nullptr, has_dbias = kMasks && p.dbias_accum != nullptr;
+  const bool extras = has_bias || has_alibi || has_drop || has_dbias;
 
   // Steps: (query head of the group, query tile) pairs, flattened so that the loads of step t + 1
   // can be issued while step t computes dQ (which reads only dS^T and K).
@@ -279,7 +286,6 @@ __device__ __forceinline__ void flash_bwd(const BwdParams& p) {
       // path's values spilled bwd_*_d96 on sm_86/89. With BM = 32 they are found after (before
       // them spilled bwd_*_d192 on sm_90): ptxas -v, every head dim and arch of the build.
       constexpr bool kDropEarly = BM == 64;
-      const bool has_drop = x.dropout_key != nullptr;
       unsigned keep_bits = ~0u;
       if (kDropEarly && has_drop) keep_bits = dropout_keep_bits_t<BM>(Dropout::load(x), b, h, m0, n0 + ks * 16, g, tig);
 
@@ -311,13 +317,14 @@ __device__ __forceinline__ void flash_bwd(const BwdParams& p) {
       // Elementwise: st <- P^T, dpt <- dS^T (without the final `scale`, applied at the end).
       const bool full = km_full && mask.tile_full(m0, m0 + BM, n0, n0 + BN);
       // Element (j, e) is query m0 + j * 8 + tig * 2 + (e & 1) of key key_a + (e >> 1) * 8.
-      const int qa[2] = {qlo[0] - m0 - tig * 2, qlo[1] - m0 - tig * 2};
-      const int qz[2] = {qhi[0] - m0 - tig * 2, qhi[1] - m0 - tig * 2};
+      // Bit qc = j * 8 + (e & 1) of qvis[e >> 1]: that element's query lies in its key's visible
+      // interval (all ones on a full step): one bit test per element instead of two compares.
+      const unsigned long long qvis[2] = {full ? ~0ull : bit_range(qlo[0] - m0 - tig * 2, qhi[0] - m0 - tig * 2),
+                                          full ? ~0ull : bit_range(qlo[1] - m0 - tig * 2, qhi[1] - m0 - tig * 2)};
       if (extras) {
         // The same step with the contract's optional features: z = s + bias + alibi (exp2 domain),
         // P^T <- P^T * M * scale_drop, dZ = P (M * scale_drop * dP - delta), dS = dZ softcap'(s),
         // and dZ into dbias_accum (summed over the broadcast dimensions this thread/warp covers).
-        const bool has_alibi = x.alibi_slopes != nullptr;
         if (!kDropEarly && has_drop) keep_bits = dropout_keep_bits_t<BM>(Dropout::load(x), b, h, m0, n0 + ks * 16, g, tig);
         const float drop_scale = has_drop ? x.dropout_scale : 1.f;
         const float slope_l2 = has_alibi ? -x.alibi_slopes[h] * kLog2e : 0.f;
@@ -328,22 +335,22 @@ __device__ __forceinline__ void flash_bwd(const BwdParams& p) {
         // Sqb <= Sq and Skb <= Sk: these two strides fit in 32 bits (products widen below).
         const int bsq = (int)x.bias_stride_q, bsk = (int)x.bias_stride_k;
         // Warps that share a key slice (kDSplit > 1) compute the same dZ: only dpart 0 adds it.
-        float* dbias = dpart == 0 ? p.dbias_accum : nullptr;
+        float* dbias = has_dbias && dpart == 0 ? p.dbias_accum : nullptr;
         // Sqb = 1: this thread's dZ sums for its two keys over the step's queries, flushed below
         // with one atomic per entry and step. (Summing across steps as well kept two more values
         // live through the whole sweep, which spilled bwd_bf16_d192 on sm_90.)
         float dbias_keys[2] = {0.f, 0.f};
-        const BwdExtrasStep xs{x.bias, keep_bits, drop_scale, slope_l2, has_alibi, rel, q_lim, k_lim, bias_base, bsq, bsk, dbias, g, tig};
+        const BwdExtrasStep xs{has_bias ? x.bias : nullptr, keep_bits, drop_scale, slope_l2, has_alibi, rel, q_lim, k_lim, bias_base, bsq, bsk, dbias, g, tig};
         // One copy of the loop per bias dtype and one without a bias: no per-element type switch.
         // (Not a generic lambda: NVRTC's JIT mode takes its call operator for a host function.)
-        if (x.bias == nullptr)
-          bwd_extras_elementwise<NoBias, BM>(st, dpt, dbias_keys, xs, p, sLse, sDelta, kbad, qa, qz, full);
+        if (!has_bias)
+          bwd_extras_elementwise<NoBias, BM>(st, dpt, dbias_keys, xs, p, sLse, sDelta, kbad, qvis);
         else if (x.bias_dtype == 0)
-          bwd_extras_elementwise<BiasF32, BM>(st, dpt, dbias_keys, xs, p, sLse, sDelta, kbad, qa, qz, full);
+          bwd_extras_elementwise<BiasF32, BM>(st, dpt, dbias_keys, xs, p, sLse, sDelta, kbad, qvis);
         else if (x.bias_dtype == 1)
-          bwd_extras_elementwise<BiasF16, BM>(st, dpt, dbias_keys, xs, p, sLse, sDelta, kbad, qa, qz, full);
+          bwd_extras_elementwise<BiasF16, BM>(st, dpt, dbias_keys, xs, p, sLse, sDelta, kbad, qvis);
         else
-          bwd_extras_elementwise<BiasBF16, BM>(st, dpt, dbias_keys, xs, p, sLse, sDelta, kbad, qa, qz, full);
+          bwd_extras_elementwise<BiasBF16, BM>(st, dpt, dbias_keys, xs, p, sLse, sDelta, kbad, qvis);
         // Sqb = 1: flush the per-key sums; the quad's 4 threads hold the same keys' other queries.
         if (dbias != nullptr && bsq == 0) {
           const long long base = bias_offset(x, b, h, 0, key_a);
@@ -374,7 +381,7 @@ __device__ __forceinline__ void flash_bwd(const BwdParams& p) {
           const float l2 = sLse[ql];
           const float s0 = p.softcap > 0.f ? score(st[j][e], p.scale, p.softcap, p.softcap_inv) : st[j][e] * p.scale;
           const float s = kbad[e >> 1] ? qnan() : s0;
-          const bool vis = l2 != neg_inf() && (full || (qc >= qa[e >> 1] && qc < qz[e >> 1]));
+          const bool vis = l2 != neg_inf() && ((qvis[e >> 1] >> qc) & 1);
           const float pr = vis ? ex2(s * kLog2e - l2) : 0.f;
           st[j][e] = pr;
           // A select, not a product with pr = 0: dP^T of a hidden pair may be NaN (a non-finite V

@@ -87,8 +87,11 @@ EXLA_RS_DEVICE void dropout_tile(float (&s)[BN / 8][4], const Dropout& dr, int b
       if (!((bits >> (4 * j + e)) & 1u)) s[j][e] = 0.f;
 }
 
-template <class T, int D>
+// F: the feature set (kFeatMasks | kFeatDropout bits, extras.cuh); a clear bit compiles its
+// feature out.
+template <class T, int D, int F>
 __device__ __forceinline__ void flash_fwd(const FwdParams& p) {
+  constexpr bool kMasks = F & kFeatMasks, kDrop = F & kFeatDropout;
   using Tr = FwdTraits<D>;
   constexpr int BM = Tr::kBlockM, BN = Tr::kBlockN, NT = Tr::kThreads;
   using SwQ = Swz<BM, D>;
@@ -118,9 +121,12 @@ __device__ __forceinline__ void flash_fwd(const FwdParams& p) {
   mask.rows_keys(m0, m_end, k_lo, k_hi);
   const int n_first = k_lo / BN, n_last = (k_hi + BN - 1) / BN;  // tiles [n_first, n_last)
 
-  // Optional features (null pointer = absent; every test below is uniform across the block).
+  // Optional features (null pointer = absent; every test below is uniform across the block, and
+  // constant false where the set compiles the feature out).
   const ExtraParams& x = p.x;
-  const bool has_km = x.key_mask != nullptr;
+  const bool has_km = kMasks && x.key_mask != nullptr;
+  const bool has_bias = kMasks && x.bias != nullptr;
+  const bool has_drop = kDrop && x.dropout_key != nullptr;
   const long long km_row = (long long)b * p.seq_k;
   // The next tile from n on that key_mask does not hide entirely (n_last if none), and its mask
   // bits (the tile's BN bits all set without key_mask). A hidden tile is never loaded.
@@ -151,7 +157,7 @@ __device__ __forceinline__ void flash_fwd(const FwdParams& p) {
   const float scale_log2 = p.scale * kLog2e;
   const int row_a = m0 + warp * 16 + g;  // this thread's two query rows: row_a, row_a + 8
   // Their visible keys, one interval each, found once: a straddling tile then tests each element
-  // with two 32-bit compares against tile-relative bounds instead of the 64-bit window predicate.
+  // with one bit of a tile-relative mask of it (bit_range) instead of the 64-bit window predicate.
   int lo_r[2], hi_r[2];
   mask.row_keys(row_a, lo_r[0], hi_r[0]);
   mask.row_keys(row_a + 8, lo_r[1], hi_r[1]);
@@ -190,7 +196,7 @@ __device__ __forceinline__ void flash_fwd(const FwdParams& p) {
     // Scores in the log2 domain; masked entries -inf (only tiles that straddle a bound test).
     const int n0 = n * BN;
     // full: every element of the tile is visible (no key_mask hole either): no per-element test.
-    const bool full = mask.tile_full(m0, m0 + BM, n0, n0 + BN) && km_bits == kAllKeys;
+    const bool full = mask.tile_full(m0, m0 + BM, n0, n0 + BN) && (!has_km || km_bits == kAllKeys);
     if (p.softcap > 0.f) {  // uniform: the common path has no tanh in its loop
 #pragma unroll
       for (int j = 0; j < BN / 8; ++j)
@@ -204,7 +210,7 @@ __device__ __forceinline__ void flash_fwd(const FwdParams& p) {
     }
     // Bias and ALiBi after scale and softcap, before the masks: a hidden element becomes -inf
     // whatever its bias (NaN included).
-    if (x.bias != nullptr) {  // one loop per dtype, no per-element switch (and no generic lambda: NVRTC rejects it)
+    if (has_bias) {  // one loop per dtype, no per-element switch (and no generic lambda: NVRTC rejects it)
       if (x.bias_dtype == 0)
         add_bias_tile<BN, BiasF32>(s, p, b, h, row_a, n0, tig, mask.kv_end);
       else if (x.bias_dtype == 1)
@@ -212,27 +218,20 @@ __device__ __forceinline__ void flash_fwd(const FwdParams& p) {
       else
         add_bias_tile<BN, BiasBF16>(s, p, b, h, row_a, n0, tig, mask.kv_end);
     }
-    if (x.alibi_slopes != nullptr) add_alibi_tile<BN>(s, -x.alibi_slopes[h] * kLog2e, mask.q_start + row_a, n0, tig);
+    if (kMasks && x.alibi_slopes != nullptr) add_alibi_tile<BN>(s, -x.alibi_slopes[h] * kLog2e, mask.q_start + row_a, n0, tig);
     if (!full) {
-      // Bit j * 8 + hh: this thread's element (j, hh) is visible by key_mask.
+      // Bit c = j * 8 + h of vis: this thread's element (j, 2r + h), key n0 + tig * 2 + c, lies in row
+      // r's visible interval (and key_mask shows it): one bit test per element.
       const unsigned long long km_mine = km_bits >> (tig * 2);
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
-        // Element (j, e) holds key n0 + j * 8 + tig * 2 + (e & 1): compare its compile-time part.
-        const int a = lo_r[r] - n0 - tig * 2, z = hi_r[r] - n0 - tig * 2;
-        if (has_km) {
+        unsigned long long vis = bit_range(lo_r[r] - n0 - tig * 2, hi_r[r] - n0 - tig * 2);
+        if (has_km) vis &= km_mine;
 #pragma unroll
-          for (int j = 0; j < BN / 8; ++j)
+        for (int j = 0; j < BN / 8; ++j)
 #pragma unroll
-            for (int h = 0; h < 2; ++h)
-              if (j * 8 + h < a || j * 8 + h >= z || !((km_mine >> (j * 8 + h)) & 1)) s[j][2 * r + h] = neg_inf();
-        } else {
-#pragma unroll
-          for (int j = 0; j < BN / 8; ++j)
-#pragma unroll
-            for (int h = 0; h < 2; ++h)
-              if (j * 8 + h < a || j * 8 + h >= z) s[j][2 * r + h] = neg_inf();
-        }
+          for (int h = 0; h < 2; ++h)
+            if (!((vis >> (j * 8 + h)) & 1)) s[j][2 * r + h] = neg_inf();
       }
     }
 
@@ -243,7 +242,7 @@ __device__ __forceinline__ void flash_fwd(const FwdParams& p) {
     // is not finite either), then the non-finite V elements become +0 for the product. Full tiles
     // need none of this: every row sees every key, so the natural propagation is the right one.
     // A bias of -inf hides elements of any tile the same way: then every tile takes this path.
-    if (!full || x.bias != nullptr) {
+    if (!full || has_bias) {
       int bad = 0;
 #pragma unroll 1  // the rare path stays small: it must not crowd the main loop's code or registers
       for (int c = tid; c < BN * D / 8; c += NT) bad |= nonfinite_chunk<T>(reinterpret_cast<const Chunk16*>(sVs)[c]);
@@ -254,8 +253,8 @@ __device__ __forceinline__ void flash_fwd(const FwdParams& p) {
           unsigned long long cols = 0;  // bit 2 dt + h: this thread's column dt * 8 + tig * 2 + h
 #pragma unroll 1
           for (int key = lo; key < hi; ++key) {
-            if (!((km_bits >> (key - n0)) & 1)) continue;  // hidden by key_mask
-            if (x.bias != nullptr && row_a + 8 * r < p.seq_q &&
+            if (has_km && !((km_bits >> (key - n0)) & 1)) continue;  // hidden by key_mask
+            if (has_bias && row_a + 8 * r < p.seq_q &&
                 bias_load(x.bias, x.bias_dtype, bias_offset(x, b, h, row_a + 8 * r, key)) == neg_inf())
               continue;  // a bias of -inf hides the element
 #pragma unroll 1
@@ -302,7 +301,7 @@ __device__ __forceinline__ void flash_fwd(const FwdParams& p) {
       }
     }
 
-    if (x.dropout_key != nullptr) dropout_tile<BN>(s, Dropout::load(x), b, h, row_a, n0, tig);
+    if (has_drop) dropout_tile<BN>(s, Dropout::load(x), b, h, row_a, n0, tig);
 
     // O += P V. The S accumulator layout of two n8 tiles is exactly the A fragment of one k16 step.
 #pragma unroll
@@ -327,7 +326,7 @@ __device__ __forceinline__ void flash_fwd(const FwdParams& p) {
 
   // Epilogue: O / l and lse; rows nobody sees get o = 0, lse = -inf.
   // With dropout, kept entries are scaled by 1 / (1 - rate): folded into 1 / l.
-  const float o_scale = x.dropout_key != nullptr ? x.dropout_scale : 1.f;
+  const float o_scale = has_drop ? x.dropout_scale : 1.f;
   float inv[2], lse[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {

@@ -3,6 +3,6 @@
 
 extern "C" __global__ void __launch_bounds__(exla_rs::BwdTraits<192>::kThreads, 1)
 exla_rs_bwd_f16_d192(const exla_rs::BwdParams p) {
-  exla_rs::flash_bwd<exla_rs::F16, 192>(p);
+  exla_rs::flash_bwd<exla_rs::F16, 192, 0>(p);
 }
 EXLA_RS_KERNEL_ENTRY(exla_rs_bwd_f16_d192)

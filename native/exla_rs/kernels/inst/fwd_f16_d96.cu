@@ -3,6 +3,6 @@
 
 extern "C" __global__ void __launch_bounds__(exla_rs::FwdTraits<96>::kThreads, 1)
 exla_rs_fwd_f16_d96(const exla_rs::FwdParams p) {
-  exla_rs::flash_fwd<exla_rs::F16, 96>(p);
+  exla_rs::flash_fwd<exla_rs::F16, 96, 0>(p);
 }
 EXLA_RS_KERNEL_ENTRY(exla_rs_fwd_f16_d96)

@@ -1,6 +1,7 @@
 //! Which configurations have a CUDA kernel, how each is launched (the Rust mirror of the kernels'
 //! traits: change both together), and how much workspace a call needs.
 
+use crate::params::ExtraParams;
 use exla_rs_attn::{AttnShape, ElementType, Pass};
 
 /// Head dims with a kernel instantiation (kernels/generate.py).
@@ -111,6 +112,46 @@ fn name(parts: &[&str]) -> &'static str {
     leaked
 }
 
+/// The tensor-core kernels' compile-time feature sets (`F` in kernels/flash_fwd.cuh and
+/// flash_bwd.cuh, FEATURE_SETS in kernels/generate.py): each (pass, dtype, head dim) has one
+/// instantiation per set, and a call runs the smallest set that covers its optional operands, so
+/// the common call (no optional operand) runs a kernel with none of their code. The f32 SIMT
+/// kernels and the sm90 forward have one set each (the sm90 forward takes plain calls only).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct FeatureSet {
+    /// key_mask, bias, ALiBi or dbias: the masks and additive terms.
+    pub masks: bool,
+    pub dropout: bool,
+}
+
+impl FeatureSet {
+    pub const PLAIN: FeatureSet = FeatureSet { masks: false, dropout: false };
+    pub const ALL: [FeatureSet; 4] = [
+        FeatureSet::PLAIN,
+        FeatureSet { masks: true, dropout: false },
+        FeatureSet { masks: false, dropout: true },
+        FeatureSet { masks: true, dropout: true },
+    ];
+
+    /// The set a call with these optional operands needs (`dbias`: the backward returns dbias).
+    pub fn of(x: &ExtraParams, dbias: bool) -> FeatureSet {
+        FeatureSet {
+            masks: !x.key_mask.is_null() || !x.bias.is_null() || !x.alibi_slopes.is_null() || dbias,
+            dropout: !x.dropout_key.is_null(),
+        }
+    }
+
+    /// The kernel and file name suffix (generate.py's FEATURE_SETS keys).
+    pub fn suffix(self) -> &'static str {
+        match (self.masks, self.dropout) {
+            (false, false) => "",
+            (true, false) => "_mask",
+            (false, true) => "_drop",
+            (true, true) => "_mask_drop",
+        }
+    }
+}
+
 /// Tensor-core forward tiles (FwdTraits in kernels/flash_fwd.cuh).
 fn fwd_tc_traits(d: usize) -> (usize, usize, usize) {
     let warps = if d <= 192 { 8 } else { 4 };
@@ -143,8 +184,8 @@ pub fn bwd_smem_bytes(d: usize) -> usize {
 const SIMT_WARPS: usize = 4;
 const AUX_WARPS: usize = 8;
 
-/// The forward's single launch.
-pub fn forward_plan(dtype: ElementType, s: &AttnShape) -> Launch {
+/// The forward's single launch; `f` picks the tensor-core instantiation (f32 has one kernel).
+pub fn forward_plan(dtype: ElementType, s: &AttnShape, f: FeatureSet) -> Launch {
     let d = s.head_dim;
     let ds = d.to_string();
     match dtype {
@@ -158,8 +199,8 @@ pub fn forward_plan(dtype: ElementType, s: &AttnShape) -> Launch {
         _ => {
             let (warps, bm, _) = fwd_tc_traits(d);
             Launch {
-                file: name(&["fwd_", dt(dtype), "_d", &ds]),
-                kernel: name(&["exla_rs_fwd_", dt(dtype), "_d", &ds]),
+                file: name(&["fwd_", dt(dtype), "_d", &ds, f.suffix()]),
+                kernel: name(&["exla_rs_fwd_", dt(dtype), "_d", &ds, f.suffix()]),
                 grid: (div_up(s.seq_q, bm), s.heads as u32, s.batch as u32),
                 block: (32 * warps) as u32,
                 smem: fwd_smem_bytes(d) as u32,
@@ -181,20 +222,20 @@ fn elementwise(file: &'static str, kernel: &'static str, n: usize) -> Launch {
 /// The backward's launches, in stream order. With `dbias_elems` (a call with `bias_grad`, the
 /// bias's element count) the dbias accumulator is zeroed first and rounded into `dbias` last
 /// (kernels/dbias.cuh); in between: preprocess (delta, zero dq_accum), the main kernel(s), and for
-/// f16/bf16 the dq conversion.
-pub fn backward_plan(dtype: ElementType, s: &AttnShape, dbias_elems: Option<usize>) -> Vec<Launch> {
+/// f16/bf16 the dq conversion. `f` picks the tensor-core instantiation.
+pub fn backward_plan(dtype: ElementType, s: &AttnShape, f: FeatureSet, dbias_elems: Option<usize>) -> Vec<Launch> {
     let mut plan = Vec::with_capacity(5);
     if let Some(n) = dbias_elems {
         plan.push(elementwise("aux", "exla_rs_dbias_zero", n));
     }
-    plan.extend(backward_main(dtype, s));
+    plan.extend(backward_main(dtype, s, f));
     if let Some(n) = dbias_elems {
         plan.push(elementwise("aux", "exla_rs_dbias_round", n));
     }
     plan
 }
 
-fn backward_main(dtype: ElementType, s: &AttnShape) -> Vec<Launch> {
+fn backward_main(dtype: ElementType, s: &AttnShape, f: FeatureSet) -> Vec<Launch> {
     let d = s.head_dim;
     let ds = d.to_string();
     let rows = s.batch * s.seq_q * s.heads;
@@ -228,8 +269,8 @@ fn backward_main(dtype: ElementType, s: &AttnShape) -> Vec<Launch> {
             vec![
                 pre,
                 Launch {
-                    file: name(&["bwd_", dt(dtype), "_d", &ds]),
-                    kernel: name(&["exla_rs_bwd_", dt(dtype), "_d", &ds]),
+                    file: name(&["bwd_", dt(dtype), "_d", &ds, f.suffix()]),
+                    kernel: name(&["exla_rs_bwd_", dt(dtype), "_d", &ds, f.suffix()]),
                     grid: (div_up(s.seq_k, bn), s.kv_heads as u32, s.batch as u32),
                     block: (32 * warps) as u32,
                     smem: bwd_smem_bytes(d) as u32,
@@ -300,9 +341,12 @@ mod tests {
         for d in HEAD_DIMS {
             let s = AttnShape { head_dim: d, ..s };
             for dtype in [ElementType::F32, ElementType::F16, ElementType::BF16] {
-                let mut launches = vec![forward_plan(dtype, &s)];
-                launches.extend(backward_plan(dtype, &s, None));
-                launches.extend(backward_plan(dtype, &s, Some(8 * 1000 * 777)));
+                let mut launches = Vec::new();
+                for f in FeatureSet::ALL {
+                    launches.push(forward_plan(dtype, &s, f));
+                    launches.extend(backward_plan(dtype, &s, f, None));
+                    launches.extend(backward_plan(dtype, &s, f, Some(8 * 1000 * 777)));
+                }
                 for l in launches {
                     let f = crate::embedded::find(l.file).unwrap_or_else(|| panic!("no file {}", l.file));
                     assert!(
@@ -315,9 +359,9 @@ mod tests {
                 }
             }
         }
-        let f = forward_plan(ElementType::BF16, &AttnShape { head_dim: 128, ..s });
+        let f = forward_plan(ElementType::BF16, &AttnShape { head_dim: 128, ..s }, FeatureSet::PLAIN);
         assert_eq!((f.grid, f.block), ((8, 8, 3), 256));
-        let b = backward_plan(ElementType::F16, &AttnShape { head_dim: 64, ..s }, None);
+        let b = backward_plan(ElementType::F16, &AttnShape { head_dim: 64, ..s }, FeatureSet::PLAIN, None);
         assert_eq!(b[1].grid, (13, 2, 3)); // ceil(777 / 64) key tiles x Hkv x B
     }
 
@@ -325,11 +369,12 @@ mod tests {
     fn dbias_passes_wrap_the_backward_only_with_bias_grad() {
         let s = shape(3, 100, 77, 8, 2, 64);
         for dtype in [ElementType::F32, ElementType::F16, ElementType::BF16] {
-            let base = backward_plan(dtype, &s, None);
+            let mask = FeatureSet { masks: true, dropout: false };
+            let base = backward_plan(dtype, &s, mask, None);
             assert!(base.iter().all(|l| !l.kernel.contains("dbias")), "{dtype}: {base:?}");
             // {1, H, Sq, Sk}: 8 * 100 * 77 elements.
             let n = 8 * 100 * 77;
-            let with = backward_plan(dtype, &s, Some(n));
+            let with = backward_plan(dtype, &s, mask, Some(n));
             assert_eq!(with.len(), base.len() + 2);
             assert_eq!(with[0].kernel, "exla_rs_dbias_zero", "zeroed before anything accumulates");
             assert_eq!(with[with.len() - 1].kernel, "exla_rs_dbias_round", "rounded after every accumulation");
@@ -339,9 +384,41 @@ mod tests {
                 assert_eq!(l.grid.0 as usize, n.div_ceil(256));
             }
             // A 1-element bias still gets one block; an empty one none (skipped at launch).
-            assert_eq!(backward_plan(dtype, &s, Some(1))[0].grid.0, 1);
-            assert_eq!(backward_plan(dtype, &s, Some(0))[0].grid.0, 0);
+            assert_eq!(backward_plan(dtype, &s, mask, Some(1))[0].grid.0, 1);
+            assert_eq!(backward_plan(dtype, &s, mask, Some(0))[0].grid.0, 0);
         }
+    }
+
+    #[test]
+    fn each_call_runs_the_smallest_feature_set_that_covers_it() {
+        let s = shape(2, 100, 130, 4, 2, 128);
+        let some = 0x1000 as *const std::ffi::c_void;
+        let none = ExtraParams::NONE;
+        let cases: [(ExtraParams, bool, &str); 8] = [
+            (none, false, ""),
+            (ExtraParams { key_mask: some, key_mask_bytes: 1, ..none }, false, "_mask"),
+            (ExtraParams { bias: some, ..none }, false, "_mask"),
+            (ExtraParams { alibi_slopes: some.cast(), ..none }, false, "_mask"),
+            (ExtraParams { bias: some, ..none }, true, "_mask"),
+            (ExtraParams { dropout_key: some.cast(), ..none }, false, "_drop"),
+            (ExtraParams { key_mask: some, dropout_key: some.cast(), ..none }, false, "_mask_drop"),
+            (ExtraParams { alibi_slopes: some.cast(), dropout_key: some.cast(), ..none }, false, "_mask_drop"),
+        ];
+        for (x, dbias, suffix) in cases {
+            let f = FeatureSet::of(&x, dbias);
+            assert_eq!(f.suffix(), suffix, "{x:?} dbias={dbias}");
+            for dtype in [ElementType::F16, ElementType::BF16] {
+                let want = format!("exla_rs_fwd_{dtype}_d128{suffix}");
+                assert_eq!(forward_plan(dtype, &s, f).kernel, want);
+                let bwd = backward_plan(dtype, &s, f, dbias.then_some(8));
+                assert!(bwd.iter().any(|l| l.kernel == format!("exla_rs_bwd_{dtype}_d128{suffix}")), "{bwd:?}");
+            }
+            // f32 runs its SIMT kernels whatever the set.
+            assert_eq!(forward_plan(ElementType::F32, &s, f).kernel, "exla_rs_fwd_f32_d128");
+        }
+        // The suffixes are generate.py's FEATURE_SETS keys.
+        let gen = include_str!("../../../kernels/generate.py");
+        assert!(gen.contains(r#"FEATURE_SETS = {"": 0, "_mask": 1, "_drop": 2, "_mask_drop": 3}"#));
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! `forward` and `backward`: enqueue the kernels on XLA's stream. No synchronisation, no host
 //! round trip, no allocation beyond XLA's buffers (scratch lives in the workspace result).
 
-use crate::config::{self, Launch};
+use crate::config::{self, FeatureSet, Launch};
 use crate::driver::{self, check, guard, CUstream, StreamContext};
 use crate::modules;
 use crate::params::{extra_params, kernel_window, softcap_inv, BwdParams, FwdParams};
@@ -112,7 +112,7 @@ pub unsafe fn forward(
         if crate::sm90::forward(stream as CUstream, dtype, shape, &p)? {
             return Ok(());
         }
-        run(stream as CUstream, &[config::forward_plan(dtype, shape)], &p)
+        run(stream as CUstream, &[config::forward_plan(dtype, shape, FeatureSet::of(&p.x, false))], &p)
     })
 }
 
@@ -163,6 +163,7 @@ pub unsafe fn backward(
             dbias: bufs.dbias as *mut c_void,
             dbias_elems: dbias_elems.unwrap_or(0) as i64,
         };
-        run(stream as CUstream, &config::backward_plan(dtype, shape, dbias_elems), &p)
+        let features = FeatureSet::of(&p.x, dbias_elems.is_some());
+        run(stream as CUstream, &config::backward_plan(dtype, shape, features, dbias_elems), &p)
     })
 }

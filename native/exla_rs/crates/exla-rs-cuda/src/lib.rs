@@ -17,7 +17,7 @@ mod params;
 mod sm90;
 
 pub use arch::{parse_arch_list, Target, DEFAULT_ARCHS};
-pub use config::{backward_plan, dbias_workspace_bytes, forward_plan, Launch, HEAD_DIMS};
+pub use config::{backward_plan, dbias_workspace_bytes, forward_plan, FeatureSet, Launch, HEAD_DIMS};
 pub use driver::{status, CudaDevice, CudaStatus};
 pub use launch::{backward, forward};
 pub use params::{bias_strides, extra_params, ExtraParams};
@@ -108,7 +108,7 @@ pub fn workspace_requirement(pass: Pass, dtype: ElementType, shape: &AttnShape) 
 /// What this build embeds.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct KernelBuildInfo {
-    /// Machine-code targets in the fatbins, e.g. `["sm_80", "sm_86", "sm_89", "sm_90"]`; empty
+    /// Machine-code targets in the fatbins, e.g. `["sm_80", "sm_90"]`; empty
     /// when nvcc was absent at build time.
     pub embedded_archs: Vec<String>,
     /// The PTX target embedded for JIT on newer GPUs, e.g. `compute_90`.
