@@ -8,7 +8,8 @@ defmodule ExlaRs.Status do
     * `:targets` - `[%{name:, platform:, symbol:}]`
     * `:cuda` - `%{available: false, reason:}` without a driver or GPU, otherwise
       `%{available: true, driver_version:, devices: [%{ordinal:, name:, compute_capability:,
-      total_memory_bytes:}]}`
+      total_memory_bytes:}]}`; both with `forward_path`: which kernel set runs forward calls
+      (mma.sync or the Hopper sm90 forward) under `EXLA_RS_CUDA_PATH`, and why
     * `:kernels` - how the CUDA kernels were built: `embedded_archs`, `ptx_arch`,
       `nvcc_version`, `nvrtc_fallback`, `nvrtc_available`, `kernel_files`, `note`
     * `:runtimes` - each XLA runtime in the VM: `kind` (`:xla_extension` | `:pjrt_plugin`),
@@ -67,7 +68,8 @@ defmodule ExlaRs.Status do
         available: false,
         reason: "unknown: the NIF is not loaded",
         driver_version: nil,
-        devices: []
+        devices: [],
+        forward_path: nil
       },
       kernels: %{
         embedded_archs: [],

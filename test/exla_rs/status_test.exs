@@ -49,6 +49,14 @@ defmodule ExlaRs.StatusTest do
         end
     end
 
+    # Which forward kernel set runs, and why: auto keeps the unverified sm90 forward off.
+    assert is_binary(cuda.forward_path)
+
+    if System.get_env("EXLA_RS_CUDA_PATH") in [nil, "", "auto"] do
+      assert cuda.forward_path =~ "mma.sync (auto)"
+      assert cuda.forward_path =~ "EXLA_RS_CUDA_PATH=sm90"
+    end
+
     # CI has no GPU.
     if System.get_env("CI_HAS_GPU") != "1" and not File.exists?("/dev/nvidia0") do
       assert cuda.available == false

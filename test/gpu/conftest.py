@@ -22,3 +22,35 @@ def pytest_report_header(config):
     except RuntimeError as e:
         devs = f"none ({e})"
     return [f"jax {jax.__version__}, GPU devices {devs}, library {exla_rs_jax.lib_path()}"]
+
+
+# cuda-on-cpu: test_every_kernel_was_launched judges the launches of the whole file, so it runs
+# last and only when no test was deselected (-k) before it.
+DESELECTED = []
+
+
+def pytest_deselected(items):
+    DESELECTED.extend(items)
+
+
+def pytest_collection_modifyitems(session, config, items):
+    last = [i for i in items if i.name == "test_every_kernel_was_launched"]
+    items[:] = [i for i in items if i not in last] + last
+
+
+def pytest_sessionstart(session):
+    if os.environ.get("EXLA_RS_TEST_PLATFORM") == "cuda-on-cpu":
+        import exla_rs_jax
+
+        exla_rs_jax.gpusim_stats_reset()
+
+
+def pytest_sessionfinish(session, exitstatus):
+    # The executor's shared-memory bank statistics of the run, for bench/RESULTS.md (issue 22).
+    out = os.environ.get("EXLA_RS_GPUSIM_STATS_OUT")
+    if out and os.environ.get("EXLA_RS_TEST_PLATFORM") == "cuda-on-cpu":
+        import json
+
+        import exla_rs_jax
+
+        Path(out).write_text(json.dumps({"launches": exla_rs_jax.gpusim_launch_counts(), "banks": exla_rs_jax.gpusim_bank_stats()}, indent=1))

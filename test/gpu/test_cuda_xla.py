@@ -5,7 +5,14 @@ run (EXLA_RS_SEED replays one).
 
 Run on a GPU machine after `cargo build --release --manifest-path native/exla_rs/Cargo.toml --workspace`:
     python3 -m pytest -q test/gpu/test_cuda_xla.py
+
+Without a GPU (scripts/gpu_on_cpu.sh): EXLA_RS_TEST_PLATFORM=cuda-on-cpu runs every test, the
+CUDA-specific ones included, against the CUDA handlers' code path on jax's cpu device, the CUDA
+kernels executed by the GPU-on-CPU executor (EXLA_RS_XLA_LIB = a library built with exla-rs-xla's
+`gpu-on-cpu` feature); EXLA_RS_GPUSIM_MAX_SEQ caps the sequence lengths for that slower run
+(capped() below), and conftest.py checks at the end that every kernel was launched.
 """
+import dataclasses
 import os
 
 import numpy as np
@@ -15,22 +22,54 @@ import jax
 import jax.numpy as jnp
 
 # EXLA_RS_TEST_PLATFORM=cpu runs the same cases against the Host handlers: a check of this file
-# itself on a machine without a GPU (the CUDA-only tests are skipped then).
+# itself on a machine without a GPU (the CUDA-only tests are skipped then); cuda-on-cpu runs the
+# CUDA handlers and kernels on the CPU (see the module doc).
 PLATFORM = os.environ.get("EXLA_RS_TEST_PLATFORM", "cuda")
+assert PLATFORM in ("cuda", "cpu", "cuda-on-cpu"), f"EXLA_RS_TEST_PLATFORM={PLATFORM!r}: expected cuda, cpu or cuda-on-cpu"
 try:
     GPU = jax.devices("gpu" if PLATFORM == "cuda" else "cpu")[0]
 except RuntimeError:
     pytest.skip("no CUDA device visible to jax", allow_module_level=True)
-cuda_only = pytest.mark.skipif(PLATFORM != "cuda", reason="CUDA-specific")
+# Tests of the CUDA handlers' own rules (head dims, workspace layout): cuda and cuda-on-cpu.
+cuda_only = pytest.mark.skipif(PLATFORM == "cpu", reason="CUDA-specific")
 
 import exla_rs_jax as ex
 from cases import CASES as HOST_CASES, DTYPES, TOL, Case, assert_grads, fully_masked_rows, make, rel_err, seed
 
 CUDA_DIMS = ex.KERNEL_HEAD_DIMS
 
+# cuda-on-cpu: the longest sequence a case keeps (0 = no cap). Keep it above 128, the kernels'
+# largest tile (32/64/128 rows), so capped cases still cross tile boundaries.
+MAX_SEQ = int(os.environ.get("EXLA_RS_GPUSIM_MAX_SEQ", "0"))
+
+
+# The cuda-on-cpu run of the sm90 kernel set (EXLA_RS_CUDA_PATH=sm90): a test whose calls never
+# reach the sm90 forward (f32, head dims without an sm90 instantiation, optional operands, tests
+# of the backward alone) runs exactly the kernels of the default run, so it is skipped there to
+# keep CI within its time; on a GPU every test runs under every setting.
+SM90_CPU_RUN = PLATFORM == "cuda-on-cpu" and os.environ.get("EXLA_RS_CUDA_PATH", "").strip() == "sm90"
+SM90_DIMS = (64, 128, 256)
+
+
+def skip_unless_sm90_forward(dt: str, d: int, optional_operands: bool = False, forward_only_test: bool = True):
+    """In the sm90 cuda-on-cpu run, skips a test that cannot reach the sm90 forward."""
+    if SM90_CPU_RUN and (dt == "f32" or d not in SM90_DIMS or optional_operands or not forward_only_test):
+        pytest.skip("sm90 cuda-on-cpu run: these calls run the mma.sync/SIMT kernels the default run checks")
+
+
+def capped(c: Case) -> Case:
+    """`c` with Sq and Sk scaled down together so the longer is at most MAX_SEQ: their ratio, a
+    one-row decode, the window sizes relative to the sequence, and every option stay."""
+    if MAX_SEQ <= 0 or max(c.sq, c.sk) <= MAX_SEQ:
+        return c
+    f = MAX_SEQ / max(c.sq, c.sk)
+    shrink = lambda n: n if n <= 1 else max(2, round(n * f))
+    win = None if c.window_size is None else tuple(w if w <= 0 else max(1, round(w * f)) for w in c.window_size)
+    return dataclasses.replace(c, sq=shrink(c.sq), sk=shrink(c.sk), window_size=win)
+
 # The Host cases with a CUDA head dim, plus cases sized to cross tile boundaries (the kernels use
 # 32/64/128-row tiles): several tiles, ragged last tiles, long windows, big GQA groups.
-CUDA_CASES = [c for c in HOST_CASES if c.d in CUDA_DIMS] + [
+CUDA_CASES = [capped(c) for c in [c for c in HOST_CASES if c.d in CUDA_DIMS] + [
     Case(f"d{d}_ragged", 2, 131, 197, 4, 2, d, causal=c, kv_len="random", q_start="random")
     for d in CUDA_DIMS
     for c in (False, True)
@@ -44,7 +83,7 @@ CUDA_CASES = [c for c in HOST_CASES if c.d in CUDA_DIMS] + [
     Case("decode_d128", 4, 1, 900, 8, 1, 128, causal=True),
     Case("q_start_neg_d32", 2, 90, 90, 2, 2, 32, causal=True, q_start="negative"),
     Case("all_masked_batch_d64", 3, 64, 64, 2, 2, 64, kv_len="random"),
-]
+]]
 PARAMS = [pytest.param(c, dt, id=f"{c.name}-{dt}") for c in CUDA_CASES for dt in DTYPES]
 
 
@@ -71,6 +110,7 @@ def run_fwd(x):
 
 @pytest.mark.parametrize("case,dt", PARAMS)
 def test_forward_matches_float64_reference(case, dt):
+    skip_unless_sm90_forward(dt, case.d)
     x = make(case, DTYPES[dt], seed())
     o, lse = run_fwd(x)
     assert o.devices() == {GPU}
@@ -93,6 +133,9 @@ def test_forward_matches_float64_reference(case, dt):
 
 @pytest.mark.parametrize("case,dt", PARAMS)
 def test_backward_matches_float64_reference(case, dt):
+    # The backward kernels are those of the default run; the sm90 forward's o / lse are checked
+    # by the forward test.
+    skip_unless_sm90_forward(dt, case.d, forward_only_test=False)
     x = make(case, DTYPES[dt], seed())
     o, lse = run_fwd(x)
     poison((x.q.shape, x.q.dtype), (x.k.shape, x.k.dtype), (x.v.shape, x.v.dtype))
@@ -133,7 +176,8 @@ def test_lse_gradient_through_augmented_backward(case, dt):
 
 @pytest.mark.parametrize("dt", list(DTYPES))
 def test_jit_grad_runs_both_targets_on_the_gpu(dt):
-    case = Case("everything_d64", 2, 150, 170, 6, 2, 64, causal=True, window_size=(40, 3), softcap=12.0, kv_len="random", q_start="random")
+    skip_unless_sm90_forward(dt, 64)
+    case = capped(Case("everything_d64", 2, 150, 170, 6, 2, 64, causal=True, window_size=(40, 3), softcap=12.0, kv_len="random", q_start="random"))
     x = make(case, DTYPES[dt], seed())
     kv, qs = on_gpu(x.kv_len, x.q_start)
 
@@ -153,7 +197,7 @@ def test_jit_grad_runs_both_targets_on_the_gpu(dt):
 
 def test_forward_is_deterministic_and_stream_ordered():
     """Many calls in one jit, no host sync between them: same bits every time."""
-    case = Case("repeat", 2, 300, 300, 4, 2, 128, causal=True)
+    case = capped(Case("repeat", 2, 300, 300, 4, 2, 128, causal=True))
     x = make(case, jnp.bfloat16, seed())
     q, k, v, kv, qs = on_gpu(x.q, x.k, x.v, x.kv_len, x.q_start)
 
@@ -172,8 +216,8 @@ def test_forward_is_deterministic_and_stream_ordered():
 @cuda_only
 @pytest.mark.parametrize("d", [16, 48, 80, 160])
 def test_head_dims_without_a_kernel_are_unimplemented(d):
-    assert ex.workspace_bytes(0, "cuda", jnp.bfloat16, 1, 8, 8, 2, 2, d) == -1
-    assert ex.workspace_bytes(1, "cuda", jnp.float32, 1, 8, 8, 2, 2, d) == -1
+    assert ex.workspace_bytes(0, PLATFORM, jnp.bfloat16, 1, 8, 8, 2, 2, d) == -1
+    assert ex.workspace_bytes(1, PLATFORM, jnp.float32, 1, 8, 8, 2, 2, d) == -1
     x = make(Case("odd", 1, 8, 8, 2, 2, d), jnp.bfloat16, seed())
     q, k, v, kv, qs = on_gpu(x.q, x.k, x.v, x.kv_len, x.q_start)
     ex.load(PLATFORM)
@@ -188,9 +232,9 @@ def test_workspace_matches_the_layout():
     # Backward scratch: delta f32[B,H,Sq] (256-aligned) + f32 dq accumulator for half types.
     b, sq, sk, h, hkv, d = 2, 100, 120, 8, 2, 128
     delta = -(-(b * h * sq * 4) // 256) * 256
-    assert ex.workspace_bytes(0, "cuda", jnp.bfloat16, b, sq, sk, h, hkv, d) == 0
-    assert ex.workspace_bytes(1, "cuda", jnp.bfloat16, b, sq, sk, h, hkv, d) == delta + b * sq * h * d * 4
-    assert ex.workspace_bytes(1, "cuda", np.float32, b, sq, sk, h, hkv, d) == delta
+    assert ex.workspace_bytes(0, PLATFORM, jnp.bfloat16, b, sq, sk, h, hkv, d) == 0
+    assert ex.workspace_bytes(1, PLATFORM, jnp.bfloat16, b, sq, sk, h, hkv, d) == delta + b * sq * h * d * 4
+    assert ex.workspace_bytes(1, PLATFORM, np.float32, b, sq, sk, h, hkv, d) == delta
 
 
 # Issue 13, part 1: non-finite values no row may see, and windows near i64::MAX. The poisoned call
@@ -212,6 +256,7 @@ NONFINITE = [
 @pytest.mark.parametrize("cfg", NONFINITE, ids=[c[0] for c in NONFINITE])
 def test_no_nan_from_hidden_nonfinite_values_or_dead_rows(cfg, dt):
     name, b, sq, sk, h, hkv, d, wl, wr, kv_len, q_start, kvp, dead = cfg
+    skip_unless_sm90_forward(dt, d)
     if d not in CUDA_DIMS:
         pytest.skip(f"no kernel for D={d}")
     sd = seed()
@@ -307,18 +352,18 @@ OLD_CUDA = ["plain", "causal_odd", "causal_sq_lt_sk", "decode_step", "sliding_ca
 from test_host_extras import NEW as NEW_CUDA  # noqa: E402
 EXTRA_PARAMS = [pytest.param(BY_NAME_CUDA[o], NEW_CUDA[k](n), dt, id=f"{k}-{o}-{dt}") for n, o in enumerate(OLD_CUDA) for k in NEW_CUDA for dt in DTYPES]
 # Every bias broadcast pattern (and {B,1,1,Sk}) with its gradient, across several key tiles.
-LONG_CUDA = Case("long", 2, 70, 131, 4, 2, 32)
+LONG_CUDA = capped(Case("long", 2, 70, 131, 4, 2, 32))
 DBIAS_PATTERNS = tuple(BIAS_PATTERNS) + ("B11K",)
 EXTRA_PARAMS += [pytest.param(LONG_CUDA, Extra(bias=p, bias_f32=n % 2 == 0), dt, id=f"bias_{p}-{dt}") for n, p in enumerate(DBIAS_PATTERNS) for dt in DTYPES]
 EXTRA_PARAMS += [pytest.param(BY_NAME_CUDA["gqa"], Extra(bias=p), "f32", id=f"bias_{p}-gqa-f32") for p in DBIAS_PATTERNS]
 SPECIAL_CUDA = [
     ("mask_all_masked_row", LONG_CUDA, Extra(key_mask="all_masked", mask_dtype=0)),
     ("mask_holes_causal", BY_NAME_CUDA["causal_odd"], Extra(key_mask="holes", mask_dtype=2)),
-    ("mask_left_pad_long_window", Case("lp_win", 2, 150, 200, 2, 1, 64, causal=True, window_size=(70, 0)), Extra(key_mask="left_pad", mask_dtype=1)),
-    ("mask_left_pad_tiles_d128", Case("lp_tiles", 2, 200, 330, 4, 2, 128, q_start="zero"), Extra(key_mask="left_pad", mask_dtype=0)),
+    ("mask_left_pad_long_window", capped(Case("lp_win", 2, 150, 200, 2, 1, 64, causal=True, window_size=(70, 0))), Extra(key_mask="left_pad", mask_dtype=1)),
+    ("mask_left_pad_tiles_d128", capped(Case("lp_tiles", 2, 200, 330, 4, 2, 128, q_start="zero")), Extra(key_mask="left_pad", mask_dtype=0)),
     ("bias_neginf_rows", LONG_CUDA, Extra(bias="1HQK", bias_neg_inf=True)),
     ("bias_neginf_full_softcap", BY_NAME_CUDA["softcap_d96"], Extra(bias="BHQK", bias_neg_inf=True)),
-    ("alibi_long_causal", Case("alibi_long", 1, 129, 300, 4, 1, 64, causal=True, q_start="random"), Extra(alibi=True)),
+    ("alibi_long_causal", capped(Case("alibi_long", 1, 129, 300, 4, 1, 64, causal=True, q_start="random")), Extra(alibi=True)),
     ("all_three", BY_NAME_CUDA["everything"], Extra(key_mask="left_pad", bias="B1QK", alibi=True, mask_dtype=3)),
     ("all_three_neginf", LONG_CUDA, Extra(key_mask="holes", bias="1HQK", bias_neg_inf=True, alibi=True, bias_f32=True)),
     ("all_three_d256", BY_NAME_CUDA["softcap_gqa_d256"], Extra(key_mask="all_masked", bias="11QK", alibi=True)),
@@ -364,6 +409,7 @@ def check_dbias(got, ref, ext, shape, bar, ctx):
 
 @pytest.mark.parametrize("case,extra,dt", EXTRA_PARAMS)
 def test_extras_forward_and_backward_match_float64(case, extra, dt):
+    skip_unless_sm90_forward(dt, case.d, optional_operands=True)
     x = make(case, DTYPES[dt], seed())
     ext = make_extras(x, extra, DTYPES[dt])
     ctx = f"seed={x.seed} {extra.name()}"
@@ -426,6 +472,7 @@ def observed_dropout_mask(dt, key, rate, b, s, h, hkv):
 @pytest.mark.parametrize("rate", [0.1, 0.5, 0.9])
 @pytest.mark.parametrize("s", [64, 128])
 def test_dropout_mask_is_bit_identical_to_the_reference(s, rate, dt):
+    skip_unless_sm90_forward("", s, optional_operands=True)
     if missing_features(["dropout"]):
         pytest.skip("this platform does not report the dropout feature")
     key = (0x243F6A88, 0x85A308D3)
@@ -440,6 +487,7 @@ def test_dropout_mask_is_bit_identical_to_the_reference(s, rate, dt):
 
 
 def test_dropout_statistics_on_the_device():
+    skip_unless_sm90_forward("f32", 256, optional_operands=True)
     if missing_features(["dropout"]):
         pytest.skip("this platform does not report the dropout feature")
     rate, b, s, h = 0.3, 1, 256, 4
@@ -456,6 +504,7 @@ def test_dropout_statistics_on_the_device():
 @pytest.mark.parametrize("d", [64, 128])
 @pytest.mark.parametrize("name", list(DROPOUT_CONFIGS))
 def test_dropout_forward_backward_match_float64(name, d, dt):
+    skip_unless_sm90_forward("", d, optional_operands=True)
     """Forward and backward with dropout (and the other options) against a float64 reference that
     applies philox_ref's mask; the mask of the kernels is the reference's (bit identity above)."""
     need = ["dropout"] + [f for f in ("key_mask", "bias", "alibi_slopes") if DROPOUT_CONFIGS[name].get(f.split("_slopes")[0])]
@@ -493,3 +542,39 @@ def test_dropout_forward_backward_match_float64(name, d, dt):
         np.testing.assert_array_equal(np.isfinite(x), fin, err_msg=f"{name} {what}: non-finite entries differ")
         err = np.max(np.abs(x[fin] - y[fin])) / max(np.max(np.abs(y[fin])), 1e-2) if fin.any() else 0.0
         assert err < bar, f"{name} d={d} {dt}: {what} relative error {err:.2e} >= {bar}"
+
+
+# ---------------------------------------------------------------------------------------------
+# cuda-on-cpu: the run reached every kernel image (issue 22, part 4)
+# ---------------------------------------------------------------------------------------------
+
+def kernels_defined(folder: str) -> set:
+    """The `extern "C" __global__` kernels of the instantiation files in kernels/<folder>."""
+    import re
+
+    root = ex.ROOT / "native/exla_rs/kernels" / folder
+    text = "\n".join(p.read_text() for p in sorted(root.glob("*.cu")))
+    return set(re.findall(r'extern "C" __global__[^;{]*?\b(exla_rs_\w+)\s*\(', text))
+
+
+@pytest.mark.skipif(PLATFORM != "cuda-on-cpu", reason="launch counts come from the GPU-on-CPU executor")
+def test_every_kernel_was_launched():
+    """Run last over the whole file (conftest.py): every mma.sync, SIMT and auxiliary kernel ran;
+    with EXLA_RS_CUDA_PATH=sm90 every sm90 forward too, and without it none (auto must not pick
+    the unverified sm90 forward)."""
+    import conftest
+
+    if conftest.DESELECTED:
+        pytest.skip("some tests were deselected: the launches do not cover the whole file")
+    ran = set(ex.gpusim_launch_counts())
+    sm90 = kernels_defined("sm90/inst")
+    if SM90_CPU_RUN:
+        # The tests this run keeps (above) reach every sm90 forward instantiation.
+        assert len(sm90) == 6, sm90
+        assert not sm90 - ran, f"never launched with EXLA_RS_CUDA_PATH=sm90: {sorted(sm90 - ran)}"
+        return
+    want = kernels_defined("inst")
+    assert len(want) > 40, want
+    assert not want - ran, f"never launched: {sorted(want - ran)}"
+    if os.environ.get("EXLA_RS_CUDA_PATH", "").strip() in ("", "auto", "mma"):
+        assert not ran & sm90, f"the sm90 forward ran without EXLA_RS_CUDA_PATH=sm90: {sorted(ran & sm90)}"

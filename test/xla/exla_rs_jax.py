@@ -22,8 +22,13 @@ DEFAULT_LIB = ROOT / "native/exla_rs/target/release/libexla_rs_xla.so"
 FWD, BWD = "exla_rs_flash_attn_fwd", "exla_rs_flash_attn_bwd"
 # XLA FFI data type codes (c_api.h) of the element types we accept.
 DTYPE_CODES = {np.dtype(np.float32): 11, np.dtype(jnp.float16): 10, np.dtype(jnp.bfloat16): 16}
-PLATFORM_CODES = {"cpu": 0, "cuda": 1}
-_SUFFIX = {"cpu": "host", "cuda": "cuda"}
+# Our platforms: the contract's platform code (workspace sizes, feature bits), the handler symbol's
+# suffix and the jax platform the handlers are registered for. "cuda-on-cpu" is the CUDA handlers'
+# code path with the CUDA kernels run by the GPU-on-CPU executor on jax's cpu device (a library
+# built with exla-rs-xla's `gpu-on-cpu` feature: scripts/gpu_on_cpu.sh).
+PLATFORM_CODES = {"cpu": 0, "cuda": 1, "cuda-on-cpu": 1}
+_SUFFIX = {"cpu": "host", "cuda": "cuda", "cuda-on-cpu": "cuda_on_cpu"}
+_JAX_PLATFORM = {"cpu": "cpu", "cuda": "CUDA", "cuda-on-cpu": "cpu"}
 
 _lib = None
 _registered: set[str] = set()
@@ -34,7 +39,9 @@ def lib_path() -> Path:
 
 
 def load(platform: str = "cpu") -> ctypes.CDLL:
-    """Opens the library once and registers both targets for ``platform`` ('cpu' or 'cuda')."""
+    """Opens the library once and registers both targets for ``platform`` ('cpu', 'cuda' or
+    'cuda-on-cpu'). 'cpu' and 'cuda-on-cpu' both register for jax's cpu platform: one process
+    runs one of them."""
     global _lib
     if _lib is None:
         path = lib_path()
@@ -47,12 +54,46 @@ def load(platform: str = "cpu") -> ctypes.CDLL:
             _lib.exla_rs_flash_attn_dbias_workspace_bytes.restype = ctypes.c_int64
             _lib.exla_rs_flash_attn_dbias_workspace_bytes.argtypes = [ctypes.c_int32] + [ctypes.c_int64] * 4
     if platform not in _registered:
-        jax_platform = "cpu" if platform == "cpu" else "CUDA"
+        jax_platform = _JAX_PLATFORM[platform]
+        clash = [p for p in _registered if _JAX_PLATFORM[p] == jax_platform]
+        if clash:
+            raise RuntimeError(f"exla_rs targets are already registered for jax's {jax_platform} platform as {clash[0]!r}; "
+                               f"{platform!r} would replace them: run one of them per process")
         for target in (FWD, BWD):
-            fn = getattr(_lib, f"{target}_{_SUFFIX[platform]}")
-            jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(fn), platform=jax_platform)
+            symbol = f"{target}_{_SUFFIX[platform]}"
+            if not hasattr(_lib, symbol):
+                raise RuntimeError(f"{lib_path()} has no {symbol}" + (": build it with exla-rs-xla's gpu-on-cpu feature "
+                                   "(scripts/gpu_on_cpu.sh) and point EXLA_RS_XLA_LIB at it" if platform == "cuda-on-cpu" else ""))
+            jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(getattr(_lib, symbol)), platform=jax_platform)
         _registered.add(platform)
     return _lib
+
+
+def _json_export(name: str):
+    """Calls one of the gpu-on-cpu library's `size_t f(char* buf, size_t len)` JSON exports."""
+    import json
+
+    fn = getattr(load("cuda-on-cpu"), name)
+    fn.restype, fn.argtypes = ctypes.c_size_t, [ctypes.c_char_p, ctypes.c_size_t]
+    n = fn(None, 0)
+    buf = ctypes.create_string_buffer(n + 1)
+    fn(buf, n + 1)
+    return json.loads(buf.value.decode())
+
+
+def gpusim_launch_counts() -> dict:
+    """cuda-on-cpu: launches per kernel on the GPU-on-CPU executor since the last reset."""
+    return _json_export("exla_rs_cuda_on_cpu_launch_counts_json")
+
+
+def gpusim_bank_stats():
+    """cuda-on-cpu: the executor's shared-memory bank statistics since the last reset."""
+    return _json_export("exla_rs_cuda_on_cpu_bank_stats_json")
+
+
+def gpusim_stats_reset() -> None:
+    """cuda-on-cpu: forgets the launch counts and the bank statistics."""
+    load("cuda-on-cpu").exla_rs_cuda_on_cpu_stats_reset()
 
 
 def workspace_bytes(pass_: int, platform: str, dtype, b, sq, sk, h, hkv, d) -> int:

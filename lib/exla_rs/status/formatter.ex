@@ -24,7 +24,7 @@ defmodule ExlaRs.Status.Formatter do
       Enum.map(status.targets, fn t -> "#{t.name} on #{t.platform} (#{t.symbol})" end)
   end
 
-  defp cuda(%{available: false} = c), do: ["not available: #{c.reason}"]
+  defp cuda(%{available: false} = c), do: ["not available: #{c.reason}"] ++ forward_path(c)
 
   defp cuda(c) do
     ["available, driver #{driver(c.driver_version)}, #{length(c.devices)} device(s)"] ++
@@ -32,8 +32,11 @@ defmodule ExlaRs.Status.Formatter do
         {maj, min} = d.compute_capability
 
         "[#{d.ordinal}] #{d.name}, compute capability #{maj}.#{min}, #{gib(d.total_memory_bytes)} GiB"
-      end)
+      end) ++ forward_path(c)
   end
+
+  defp forward_path(%{forward_path: path}) when is_binary(path), do: ["forward path: #{path}"]
+  defp forward_path(_), do: []
 
   defp kernels(k) do
     [

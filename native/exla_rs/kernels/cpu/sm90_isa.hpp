@@ -36,11 +36,22 @@ EXLA_RS_SM90 void mbar_init(u64* bar, unsigned count) {
 }
 // fence.mbarrier_init: the executor's mbarriers are visible to its copy engine at once.
 EXLA_RS_SM90 void fence_barrier_init() {}
-EXLA_RS_SM90 void mbar_arrive(u64* bar) { gs::mbar_arrive(gs::smem_offset(bar, 8, "mbarrier.arrive"), 0); }
+// arrive and try_wait are atomic operations on the object: this thread's atomic access, which
+// ThreadSanitizer orders against the plain store of mbarrier.init (a use not ordered after the
+// initialisation, by a barrier, races with it).
+EXLA_RS_SM90 void mbar_touch(u64* bar) { (void)__atomic_fetch_add(bar, 0ull, __ATOMIC_RELAXED); }
+EXLA_RS_SM90 void mbar_arrive(u64* bar) {
+  mbar_touch(bar);
+  gs::mbar_arrive(gs::smem_offset(bar, 8, "mbarrier.arrive"), 0);
+}
 EXLA_RS_SM90 void mbar_arrive_expect_tx(u64* bar, unsigned bytes) {
+  mbar_touch(bar);
   gs::mbar_arrive(gs::smem_offset(bar, 8, "mbarrier.arrive.expect_tx"), bytes);
 }
-EXLA_RS_SM90 void mbar_wait(u64* bar, unsigned parity) { gs::mbar_wait(gs::smem_offset(bar, 8, "mbarrier.try_wait.parity"), parity); }
+EXLA_RS_SM90 void mbar_wait(u64* bar, unsigned parity) {
+  (void)__atomic_load_n(bar, __ATOMIC_RELAXED);
+  gs::mbar_wait(gs::smem_offset(bar, 8, "mbarrier.try_wait.parity"), parity);
+}
 
 // ---------------------------------------------------------------------------------------------
 // TMA.

@@ -139,10 +139,13 @@ pub struct CudaStatus {
     /// `cuDriverGetVersion`, e.g. 13000 for CUDA 13.0.
     pub driver_version: Option<i32>,
     pub devices: Vec<CudaDevice>,
+    /// Which kernel set runs forward calls on these devices under `EXLA_RS_CUDA_PATH`, and why
+    /// (sm90.rs `forward_path_summary`).
+    pub forward_path: String,
 }
 
 pub fn status() -> CudaStatus {
-    let mut st = CudaStatus { available: false, reason: None, driver_version: None, devices: Vec::new() };
+    let mut st = CudaStatus { available: false, reason: None, driver_version: None, devices: Vec::new(), forward_path: String::new() };
     let r = guard("status", || {
         init()?;
         let mut v = 0;
@@ -168,6 +171,8 @@ pub fn status() -> CudaStatus {
         }
         Ok(())
     });
+    let ccs: Vec<(i32, i32)> = st.devices.iter().map(|d| d.compute_capability).collect();
+    st.forward_path = crate::sm90::forward_path_summary(crate::sm90::PathOverride::from_env(), &ccs);
     match r {
         Err(e) => st.reason = Some(e.to_string()),
         Ok(()) if st.devices.is_empty() => st.reason = Some("the CUDA driver reports no device".into()),

@@ -1,12 +1,12 @@
-//! `forward` and `backward`: enqueue the kernels on XLA's stream. No synchronisation, no host
-//! round trip, no allocation beyond XLA's buffers (scratch lives in the workspace result).
+//! `forward` and `backward`: enqueue the kernels on XLA's stream (or run them on the GPU-on-CPU
+//! executor: exec.rs). No synchronisation, no host round trip, no allocation beyond XLA's buffers
+//! (scratch lives in the workspace result).
 
 use crate::config::{self, FeatureSet, Launch};
-use crate::driver::{self, check, guard, CUstream, StreamContext};
-use crate::modules;
+use crate::driver::guard;
+use crate::exec::{Device, Stream};
 use crate::params::{extra_params, kernel_window, softcap_inv, BwdParams, FwdParams};
 use crate::{BwdBuffers, ExtraBuffers, FwdBuffers};
-use cudarc::driver::sys;
 use exla_rs_attn::{AttnError, AttnOptions, AttnShape, ElementType, Pass};
 use std::ffi::c_void;
 
@@ -36,35 +36,18 @@ fn dbias_elems(extras: &ExtraBuffers, dbias: u64) -> Result<Option<usize>, AttnE
 }
 
 /// Enqueues each launch with the same parameter block; empty grids are skipped.
-unsafe fn run<P>(stream: CUstream, launches: &[Launch], params: &P) -> Result<(), AttnError> {
-    let ctx = StreamContext::enter(stream)?;
+unsafe fn run<P>(dev: &Device, launches: &[Launch], params: &P) -> Result<(), AttnError> {
     // Resolve every function before enqueuing anything, so a missing kernel leaves the stream alone.
     let mut funcs = Vec::with_capacity(launches.len());
     for l in launches {
-        let m = modules::get(ctx.ctx, ctx.device, l.file)?;
-        funcs.push(m.function(l.kernel, l.smem, ctx.device)?);
+        funcs.push(dev.function(l.file, l.kernel, l.smem)?);
     }
     for (l, f) in launches.iter().zip(funcs) {
         if l.grid.0 == 0 || l.grid.1 == 0 || l.grid.2 == 0 {
             continue;
         }
         let mut args = [params as *const P as *mut c_void];
-        check(
-            sys::cuLaunchKernel(
-                f,
-                l.grid.0,
-                l.grid.1,
-                l.grid.2,
-                l.block,
-                1,
-                1,
-                l.smem,
-                stream,
-                args.as_mut_ptr(),
-                std::ptr::null_mut(),
-            ),
-            format_args!("cuLaunchKernel({}, grid {:?}, block {}, smem {})", l.kernel, l.grid, l.block, l.smem),
-        )?;
+        dev.launch(&f, l.kernel, l.grid, l.block, l.smem, &mut args)?;
     }
     Ok(())
 }
@@ -75,9 +58,10 @@ fn dims(shape: &AttnShape) -> [i32; 6] {
 }
 
 /// # Safety
-/// `stream` is XLA's CUstream; the buffers are device pointers of the sizes the contract implies.
+/// `stream` is XLA's CUstream (or the GPU-on-CPU executor); the buffers are device pointers of
+/// that target of the sizes the contract implies.
 pub unsafe fn forward(
-    stream: *mut c_void,
+    stream: Stream,
     dtype: ElementType,
     shape: &AttnShape,
     opts: &AttnOptions,
@@ -85,7 +69,7 @@ pub unsafe fn forward(
 ) -> Result<(), AttnError> {
     guard("exla_rs_flash_attn_fwd_cuda", || {
         supported(Pass::Forward, dtype, shape, bufs.workspace_bytes, None)?;
-        driver::init()?;
+        let dev = Device::enter(stream)?;
         let [batch, seq_q, seq_k, heads, kv_heads, head_dim] = dims(shape);
         let p = FwdParams {
             q: bufs.q as *const c_void,
@@ -108,18 +92,18 @@ pub unsafe fn forward(
             softcap_inv: softcap_inv(opts.softcap),
             x: extra_params(&bufs.extras),
         };
-        // Hopper: the sm90 forward (src/sm90.rs) when the device and the call allow it.
-        if crate::sm90::forward(stream as CUstream, dtype, shape, &p)? {
+        // Hopper: the sm90 forward (src/sm90.rs) when the setting, the device and the call allow it.
+        if crate::sm90::forward(&dev, dtype, shape, &p)? {
             return Ok(());
         }
-        run(stream as CUstream, &[config::forward_plan(dtype, shape, FeatureSet::of(&p.x, false))], &p)
+        run(&dev, &[config::forward_plan(dtype, shape, FeatureSet::of(&p.x, false))], &p)
     })
 }
 
 /// # Safety
 /// As for `forward`; `workspace` holds `workspace_bytes(Backward, ..)` bytes.
 pub unsafe fn backward(
-    stream: *mut c_void,
+    stream: Stream,
     dtype: ElementType,
     shape: &AttnShape,
     opts: &AttnOptions,
@@ -128,7 +112,7 @@ pub unsafe fn backward(
     guard("exla_rs_flash_attn_bwd_cuda", || {
         let dbias_elems = dbias_elems(&bufs.extras, bufs.dbias)?;
         let base = supported(Pass::Backward, dtype, shape, bufs.workspace_bytes, dbias_elems)?;
-        driver::init()?;
+        let dev = Device::enter(stream)?;
         let [batch, seq_q, seq_k, heads, kv_heads, head_dim] = dims(shape);
         let (delta_bytes, accum_bytes) = config::bwd_workspace_layout(dtype, shape);
         let ws = bufs.workspace;
@@ -164,6 +148,6 @@ pub unsafe fn backward(
             dbias_elems: dbias_elems.unwrap_or(0) as i64,
         };
         let features = FeatureSet::of(&p.x, dbias_elems.is_some());
-        run(stream as CUstream, &config::backward_plan(dtype, shape, features, dbias_elems), &p)
+        run(&dev, &config::backward_plan(dtype, shape, features, dbias_elems), &p)
     })
 }

@@ -4,23 +4,39 @@
 //!
 //! - `workspace_bytes`: the support table and scratch size (None = no kernel: -1 in the C API).
 //! - `forward` / `backward`: enqueue on XLA's stream, no sync, no allocation.
-//! - `status` / `kernel_build`: what the driver and this build offer.
+//! - `status` / `kernel_build`: what the driver and this build offer, and which forward runs.
+//!
+//! Feature `gpu-on-cpu`: `Stream::GpuSim` runs the same launches (same kernels, grids, blocks,
+//! shared memory, parameter blocks and tensor maps) on the GPU-on-CPU executor
+//! (crates/exla-rs-gpusim), for tests and sanitizers without a GPU. Off by default: release
+//! libraries carry none of it.
 
 mod arch;
 mod config;
 mod driver;
 pub mod embedded;
+mod exec;
 mod launch;
 mod modules;
 mod nvrtc;
 mod params;
+#[cfg(feature = "gpu-on-cpu")]
+mod sim;
 mod sm90;
 
 pub use arch::{parse_arch_list, Target, DEFAULT_ARCHS};
 pub use config::{backward_plan, dbias_workspace_bytes, forward_plan, FeatureSet, Launch, HEAD_DIMS};
 pub use driver::{status, CudaDevice, CudaStatus};
+pub use exec::Stream;
 pub use launch::{backward, forward};
 pub use params::{bias_strides, extra_params, ExtraParams};
+pub use sm90::{forward_path_summary, sm90_forward_kernel, PathOverride, AUTO_PICKS_SM90, SM90_HEAD_DIMS};
+
+/// The GPU-on-CPU executor itself (simulated device memory, bank statistics).
+#[cfg(feature = "gpu-on-cpu")]
+pub use exla_rs_gpusim as gpusim;
+#[cfg(feature = "gpu-on-cpu")]
+pub use sim::{device as gpusim_device, launch_counts as gpusim_launch_counts, reset_launch_counts as gpusim_reset_launch_counts, SimDevice};
 
 use exla_rs_attn::{AttnShape, ElementType, Pass};
 
@@ -129,7 +145,7 @@ pub fn kernel_build() -> KernelBuildInfo {
     let targets: Vec<Target> = parse_arch_list(&embedded::TARGETS.join(",")).unwrap_or_default();
     KernelBuildInfo {
         embedded_archs: targets.iter().filter(|t| matches!(t, Target::Sass { .. })).map(Target::name).collect(),
-        ptx_arch: targets.iter().filter(|t| matches!(t, Target::Ptx { .. })).map(Target::name).last(),
+        ptx_arch: targets.iter().filter(|t| matches!(t, Target::Ptx { .. })).map(Target::name).next_back(),
         nvcc_version: embedded::NVCC_VERSION.map(str::to_string),
         nvrtc_fallback: embedded::KERNEL_FILES.iter().all(|k| !k.source.is_empty()),
         nvrtc_available: std::panic::catch_unwind(nvrtc::available).map(|r| r.is_ok()).unwrap_or(false),

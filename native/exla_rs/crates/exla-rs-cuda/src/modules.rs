@@ -39,23 +39,40 @@ impl Module {
                 sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
                 "cuDeviceGetAttribute(max shared memory per block)",
             )?;
-            if smem as i64 > limit as i64 {
-                return Err(AttnError::unimplemented(format!(
-                    "{name} needs {smem} bytes of shared memory per block; this device allows {limit}"
-                )));
-            }
+            check_smem(name, smem, limit as i64)?;
             check(
                 sys::cuFuncSetAttribute(
                     func,
                     sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                     smem as i32,
                 ),
-                &format!("cuFuncSetAttribute({name}, max dynamic shared memory {smem})"),
+                format!("cuFuncSetAttribute({name}, max dynamic shared memory {smem})"),
             )?;
         }
         f.insert(name, func as usize);
         Ok(func)
     }
+}
+
+/// UNIMPLEMENTED when a device of compute capability `cc` is older than the kernels support.
+pub fn check_min_arch(cc: (i32, i32)) -> Result<(), AttnError> {
+    let min = crate::arch::MIN_ARCH;
+    if cc < (min.0 as i32, min.1 as i32) {
+        return Err(AttnError::unimplemented(format!(
+            "CUDA device has compute capability {}.{}; the kernels need {}.{} or newer",
+            cc.0, cc.1, min.0, min.1
+        )));
+    }
+    Ok(())
+}
+
+/// UNIMPLEMENTED when kernel `name` needs more dynamic shared memory than the device's opt-in
+/// limit per block.
+pub fn check_smem(name: &str, smem: u32, limit: i64) -> Result<(), AttnError> {
+    if smem as i64 > limit {
+        return Err(AttnError::unimplemented(format!("{name} needs {smem} bytes of shared memory per block; this device allows {limit}")));
+    }
+    Ok(())
 }
 
 type Key = (usize, &'static str); // (CUcontext, file)
@@ -78,13 +95,7 @@ pub unsafe fn get(ctx: CUcontext, device: CUdevice, file: &'static str) -> Resul
 unsafe fn load(device: CUdevice, file: &'static str) -> Result<Module, AttnError> {
     let k = embedded::find(file).ok_or_else(|| AttnError::internal(format!("kernel file {file} is not embedded")))?;
     let cc = driver::compute_capability(device)?;
-    let min = crate::arch::MIN_ARCH;
-    if cc < (min.0 as i32, min.1 as i32) {
-        return Err(AttnError::unimplemented(format!(
-            "CUDA device has compute capability {}.{}; the kernels need {}.{} or newer",
-            cc.0, cc.1, min.0, min.1
-        )));
-    }
+    check_min_arch(cc)?;
     let mut fatbin_error = None;
     if let Some(fatbin) = k.fatbin {
         let mut m: CUmodule = std::ptr::null_mut();

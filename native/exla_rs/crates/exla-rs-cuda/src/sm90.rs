@@ -4,19 +4,24 @@
 //! mma.sync kernels (launch.rs), and so does the backward.
 //!
 //! `EXLA_RS_CUDA_PATH` (read at every forward call, so a benchmark can switch it between runs):
-//! unset / `auto` = the sm90 forward wherever it
-//! applies; `mma` = always the mma.sync kernels; `sm90` = the sm90 forward, and an UNIMPLEMENTED
-//! error for a forward call it cannot run (the backward has only the mma.sync path). Calls with no
-//! query rows or no keys run on mma.sync under every setting: no tensor map describes an empty
-//! tensor, and the mma.sync kernels already write their `o = 0`, `lse = -inf`.
+//! unset / `auto` = the mma.sync kernels, because the sm90 forward has not yet passed `test/gpu`
+//! and compute-sanitizer on Hopper hardware (issue 22: no unverified default; flip [`AUTO_PICKS_SM90`]
+//! once it has); `sm90` = opt in: the sm90 forward wherever it applies (compute capability 9.0,
+//! f16/bf16, D = 64/128/256, no optional operand), mma.sync for every other call; `mma` = always
+//! the mma.sync kernels. The backward has only the mma.sync path. Calls with no query rows or no
+//! keys run on mma.sync under every setting: no tensor map describes an empty tensor, and the
+//! mma.sync kernels already write their `o = 0`, `lse = -inf`.
 
-use crate::driver::{self, check, CUstream, StreamContext};
-use crate::modules;
+use crate::exec::Device;
 use crate::params::FwdParams;
 use cudarc::driver::sys;
 use exla_rs_attn::{AttnError, AttnShape, ElementType};
 use std::ffi::c_void;
 use std::sync::OnceLock;
+
+/// Whether `auto` takes the sm90 forward where it applies. False until the sm90 forward has passed
+/// `test/gpu/run_gpu_checks.sh` (tests and compute-sanitizer) on real Hopper hardware.
+pub const AUTO_PICKS_SM90: bool = false;
 
 /// Head dims with an sm90 instantiation (kernels/sm90/generate.py).
 pub const SM90_HEAD_DIMS: [usize; 3] = [64, 128, 256];
@@ -31,9 +36,12 @@ pub enum FwdPath {
 /// The `EXLA_RS_CUDA_PATH` setting.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PathOverride {
+    /// Unset or `auto`: the verified default ([`AUTO_PICKS_SM90`]).
     Auto,
+    /// `mma`: the mma.sync kernels for every call.
     ForceMma,
-    ForceSm90,
+    /// `sm90`: the sm90 forward wherever it applies, mma.sync elsewhere.
+    OptInSm90,
 }
 
 impl PathOverride {
@@ -41,13 +49,22 @@ impl PathOverride {
         match value.map(str::trim) {
             None | Some("") | Some("auto") => Ok(Self::Auto),
             Some("mma") => Ok(Self::ForceMma),
-            Some("sm90") => Ok(Self::ForceSm90),
+            Some("sm90") => Ok(Self::OptInSm90),
             Some(other) => Err(format!("EXLA_RS_CUDA_PATH={other:?}: expected auto, mma or sm90")),
         }
     }
 
-    fn from_env() -> Result<Self, String> {
+    pub fn from_env() -> Result<Self, String> {
         PathOverride::parse(std::env::var("EXLA_RS_CUDA_PATH").ok().as_deref())
+    }
+
+    /// Whether this setting takes the sm90 forward on calls it applies to.
+    fn wants_sm90(self) -> bool {
+        match self {
+            Self::Auto => AUTO_PICKS_SM90,
+            Self::ForceMma => false,
+            Self::OptInSm90 => true,
+        }
     }
 }
 
@@ -74,21 +91,40 @@ pub fn sm90_supports(cc: (i32, i32), dtype: ElementType, shape: &AttnShape, has_
 }
 
 /// The forward's kernel set for a call: a pure function of the device, the call and the setting.
-pub fn choose_forward(
-    cc: (i32, i32),
-    dtype: ElementType,
-    shape: &AttnShape,
-    has_optional_operands: bool,
-    setting: PathOverride,
-) -> Result<FwdPath, String> {
-    if shape.seq_q == 0 || shape.seq_k == 0 || shape.batch == 0 || setting == PathOverride::ForceMma {
-        return Ok(FwdPath::MmaSync);
+pub fn choose_forward(cc: (i32, i32), dtype: ElementType, shape: &AttnShape, has_optional_operands: bool, setting: PathOverride) -> FwdPath {
+    let empty = shape.seq_q == 0 || shape.seq_k == 0 || shape.batch == 0;
+    if !empty && setting.wants_sm90() && sm90_supports(cc, dtype, shape, has_optional_operands).is_ok() {
+        FwdPath::Sm90
+    } else {
+        FwdPath::MmaSync
     }
-    match (sm90_supports(cc, dtype, shape, has_optional_operands), setting) {
-        (Ok(()), _) => Ok(FwdPath::Sm90),
-        (Err(why), PathOverride::ForceSm90) => Err(format!("EXLA_RS_CUDA_PATH=sm90: {why}")),
-        (Err(_), _) => Ok(FwdPath::MmaSync),
+}
+
+/// Which forward runs on devices of the given compute capabilities under `setting`, and why: what
+/// `status()` reports (an unparsable setting fails every forward call, so it says so).
+pub fn forward_path_summary(setting: Result<PathOverride, String>, ccs: &[(i32, i32)]) -> String {
+    let hopper = ccs.contains(&(9, 0));
+    let sm90_calls = "f16/bf16 forward calls with D = 64, 128 or 256 and no optional operand (key_mask, bias, ALiBi, dropout)";
+    match setting {
+        Err(e) => format!("none: forward calls fail with INVALID_ARGUMENT ({e})"),
+        Ok(PathOverride::ForceMma) => "mma.sync for every call (EXLA_RS_CUDA_PATH=mma)".into(),
+        Ok(s) if s.wants_sm90() && hopper => {
+            let why = if s == PathOverride::OptInSm90 { "EXLA_RS_CUDA_PATH=sm90" } else { "auto" };
+            format!("sm90 (wgmma/TMA) on compute capability 9.0 for {sm90_calls} ({why}); mma.sync for every other call and every backward")
+        }
+        Ok(PathOverride::OptInSm90) => format!(
+            "mma.sync: EXLA_RS_CUDA_PATH=sm90 opts in to the sm90 forward, which needs compute capability 9.0 (sm_90a code); {}",
+            if ccs.is_empty() { "no device is visible".to_string() } else { format!("the devices have {}", cc_list(ccs)) }
+        ),
+        Ok(_) => "mma.sync (auto): the sm90 (wgmma/TMA) forward has not yet passed test/gpu and compute-sanitizer on Hopper \
+                  hardware, so auto does not pick it; EXLA_RS_CUDA_PATH=sm90 opts in on compute capability 9.0"
+            .into(),
     }
+}
+
+fn cc_list(ccs: &[(i32, i32)]) -> String {
+    let v: Vec<String> = ccs.iter().map(|(a, b)| format!("{a}.{b}")).collect();
+    format!("compute capability {}", v.join(", "))
 }
 
 /// `sm90::FwdTraits<D>`: query rows per block, keys per tile, pipeline stages.
@@ -136,35 +172,47 @@ pub fn tensor_map_geometry(batch: usize, seq: usize, heads: usize, d: usize, box
     ([d, s, h, b], [h * d * e, d * e, s * h * d * e], [64, box_rows as u32, 1, 1])
 }
 
-unsafe fn encode(dtype: ElementType, ptr: u64, batch: usize, seq: usize, heads: usize, d: usize, box_rows: usize) -> Result<TensorMap, AttnError> {
+/// `cuTensorMapEncodeTiled`'s arguments for one of the forward's maps. The driver and the
+/// GPU-on-CPU executor are given exactly these (exec.rs), so the executor's TMA reads the map the
+/// GPU would.
+#[derive(Clone, Copy, Debug)]
+pub struct TiledMapArgs {
+    pub data_type: sys::CUtensorMapDataType,
+    pub global_address: *mut c_void,
+    pub global_dim: [u64; 4],
+    pub global_strides: [u64; 3],
+    pub box_dim: [u32; 4],
+    pub element_strides: [u32; 4],
+    pub interleave: sys::CUtensorMapInterleave,
+    pub swizzle: sys::CUtensorMapSwizzle,
+    pub l2_promotion: sys::CUtensorMapL2promotion,
+    pub oob_fill: sys::CUtensorMapFloatOOBfill,
+}
+
+impl TiledMapArgs {
+    pub const RANK: u32 = 4;
+}
+
+/// The map of `ptr` viewed as `[batch, seq, heads, d]` with boxes of `box_rows` rows.
+pub fn tiled_map_args(dtype: ElementType, ptr: u64, batch: usize, seq: usize, heads: usize, d: usize, box_rows: usize) -> TiledMapArgs {
     use sys::*;
-    let (dims, strides, boxes) = tensor_map_geometry(batch, seq, heads, d, box_rows);
-    let elem_strides = [1u32; 4];
-    let data_type = match dtype {
-        ElementType::F16 => CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
-        _ => CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
-    };
-    let mut map = std::mem::MaybeUninit::<CUtensorMap>::zeroed();
-    check(
-        cuTensorMapEncodeTiled(
-            map.as_mut_ptr(),
-            data_type,
-            4,
-            ptr as *mut c_void,
-            dims.as_ptr(),
-            strides.as_ptr(),
-            boxes.as_ptr(),
-            elem_strides.as_ptr(),
-            CUtensorMapInterleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
-            CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B,
-            CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-            // Out-of-bounds elements (rows past S) arrive as zeros.
-            CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
-        ),
-        format_args!("cuTensorMapEncodeTiled(dims {dims:?}, strides {strides:?}, box {boxes:?})"),
-    )?;
-    let map = map.assume_init();
-    Ok(std::mem::transmute_copy::<CUtensorMap, TensorMap>(&map))
+    let (global_dim, global_strides, box_dim) = tensor_map_geometry(batch, seq, heads, d, box_rows);
+    TiledMapArgs {
+        data_type: match dtype {
+            ElementType::F16 => CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+            _ => CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+        },
+        global_address: ptr as *mut c_void,
+        global_dim,
+        global_strides,
+        box_dim,
+        element_strides: [1; 4],
+        interleave: CUtensorMapInterleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
+        swizzle: CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B,
+        l2_promotion: CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+        // Out-of-bounds elements (rows past S) arrive as zeros.
+        oob_fill: CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
+    }
 }
 
 fn kernel_name(dtype: ElementType, d: usize) -> (&'static str, &'static str) {
@@ -185,49 +233,42 @@ fn kernel_name(dtype: ElementType, d: usize) -> (&'static str, &'static str) {
     (file, kernel)
 }
 
+/// The sm90 forward's kernel for a dtype and head dim (None where there is no instantiation).
+pub fn sm90_forward_kernel(dtype: ElementType, d: usize) -> Option<&'static str> {
+    (dtype != ElementType::F32 && SM90_HEAD_DIMS.contains(&d)).then(|| kernel_name(dtype, d).1)
+}
+
 /// Runs the forward on the sm90 kernels when the choice says so: Ok(true) = launched, Ok(false) =
-/// the caller runs the mma.sync kernels, Err = forced sm90 on a call it cannot run (or a driver
-/// failure).
+/// the caller runs the mma.sync kernels, Err = an unparsable setting or a launch failure.
 ///
 /// # Safety
-/// As `launch::forward`: `stream` is XLA's CUstream and `p` holds device pointers of the sizes
-/// the contract implies.
-pub unsafe fn forward(stream: CUstream, dtype: ElementType, shape: &AttnShape, p: &FwdParams) -> Result<bool, AttnError> {
+/// As `launch::forward`: `p` holds device pointers (of `dev`) of the sizes the contract implies.
+pub unsafe fn forward(dev: &Device, dtype: ElementType, shape: &AttnShape, p: &FwdParams) -> Result<bool, AttnError> {
     let setting = PathOverride::from_env().map_err(AttnError::invalid)?;
-    if setting == PathOverride::ForceMma {
+    if !setting.wants_sm90() {
         return Ok(false);
     }
     let has_optional = !(p.x.key_mask.is_null() && p.x.bias.is_null() && p.x.alibi_slopes.is_null() && p.x.dropout_key.is_null());
-    let ctx = StreamContext::enter(stream)?;
-    let cc = driver::compute_capability(ctx.device)?;
-    match choose_forward(cc, dtype, shape, has_optional, setting).map_err(AttnError::unimplemented)? {
+    match choose_forward(dev.compute_capability()?, dtype, shape, has_optional, setting) {
         FwdPath::MmaSync => return Ok(false),
         FwdPath::Sm90 => {}
     }
     let d = shape.head_dim;
     let tiles = fwd_tiles(d);
-    let tq = encode(dtype, p.q as u64, shape.batch, shape.seq_q, shape.heads, d, tiles.block_m)?;
-    let tk = encode(dtype, p.k as u64, shape.batch, shape.seq_k, shape.kv_heads, d, tiles.block_n)?;
-    let tv = encode(dtype, p.v as u64, shape.batch, shape.seq_k, shape.kv_heads, d, tiles.block_n)?;
-    let sms = driver::device_attr(
-        ctx.device,
-        sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
-        "cuDeviceGetAttribute(multiprocessor count)",
-    )?;
-    let grid = fwd_grid(shape, sms as u32);
+    let tq = dev.encode_tiled(&tiled_map_args(dtype, p.q as u64, shape.batch, shape.seq_q, shape.heads, d, tiles.block_m))?;
+    let tk = dev.encode_tiled(&tiled_map_args(dtype, p.k as u64, shape.batch, shape.seq_k, shape.kv_heads, d, tiles.block_n))?;
+    let tv = dev.encode_tiled(&tiled_map_args(dtype, p.v as u64, shape.batch, shape.seq_k, shape.kv_heads, d, tiles.block_n))?;
+    let grid = fwd_grid(shape, dev.sm_count()?);
     let smem = fwd_smem_bytes(d);
     let (file, kernel) = kernel_name(dtype, d);
-    let f = modules::get(ctx.ctx, ctx.device, file)?.function(kernel, smem, ctx.device)?;
+    let f = dev.function(file, kernel, smem)?;
     let mut args = [
         p as *const FwdParams as *mut c_void,
         &tq as *const TensorMap as *mut c_void,
         &tk as *const TensorMap as *mut c_void,
         &tv as *const TensorMap as *mut c_void,
     ];
-    check(
-        sys::cuLaunchKernel(f, grid, 1, 1, tiles.threads, 1, 1, smem, stream, args.as_mut_ptr(), std::ptr::null_mut()),
-        format_args!("cuLaunchKernel({kernel}, grid {grid}, block {}, smem {smem})", tiles.threads),
-    )?;
+    dev.launch(&f, kernel, (grid, 1, 1), tiles.threads, smem, &mut args)?;
     Ok(true)
 }
 
@@ -241,19 +282,30 @@ mod tests {
     const H100: (i32, i32) = (9, 0);
 
     #[test]
-    fn hopper_runs_supported_half_calls_on_sm90_by_default() {
+    fn auto_keeps_hopper_on_mma_sync_until_the_sm90_forward_is_verified() {
+        // Issue 22: the sm90 forward has never run on hardware; auto must not pick it.
+        const { assert!(!AUTO_PICKS_SM90) };
         for dt in [ElementType::F16, ElementType::BF16] {
             for d in SM90_HEAD_DIMS {
-                assert_eq!(choose_forward(H100, dt, &shape(d), false, PathOverride::Auto), Ok(FwdPath::Sm90), "{dt} d{d}");
-                assert_eq!(choose_forward(H100, dt, &shape(d), false, PathOverride::ForceSm90), Ok(FwdPath::Sm90));
+                assert_eq!(choose_forward(H100, dt, &shape(d), false, PathOverride::Auto), FwdPath::MmaSync, "{dt} d{d}");
             }
         }
     }
 
     #[test]
-    fn everything_else_stays_on_mma_sync() {
+    fn opting_in_runs_supported_half_calls_on_sm90() {
+        for dt in [ElementType::F16, ElementType::BF16] {
+            for d in SM90_HEAD_DIMS {
+                assert_eq!(choose_forward(H100, dt, &shape(d), false, PathOverride::OptInSm90), FwdPath::Sm90, "{dt} d{d}");
+                assert_eq!(choose_forward(H100, dt, &shape(d), false, PathOverride::ForceMma), FwdPath::MmaSync);
+            }
+        }
+    }
+
+    #[test]
+    fn everything_else_stays_on_mma_sync_even_when_opted_in() {
         let bf = ElementType::BF16;
-        let cases: [((i32, i32), ElementType, AttnShape, bool); 8] = [
+        let cases: [((i32, i32), ElementType, AttnShape, bool); 9] = [
             ((8, 0), bf, shape(128), false),               // A100
             ((8, 9), bf, shape(128), false),               // Ada
             ((10, 0), bf, shape(128), false),              // Blackwell: sm_90a code does not run there
@@ -261,18 +313,18 @@ mod tests {
             (H100, bf, shape(96), false),                  // no sm90 instantiation
             (H100, bf, shape(32), false),
             (H100, bf, shape(128), true),                  // an optional operand
-            (H100, bf, AttnShape { seq_k: 0, ..shape(128) }, false), // no keys
+            (H100, bf, AttnShape { seq_k: 0, ..shape(128) }, false), // no keys: no tensor map for an empty tensor
+            (H100, bf, AttnShape { seq_q: 0, ..shape(64) }, false),  // no queries
         ];
         for (cc, dt, s, extra) in cases {
-            assert_eq!(choose_forward(cc, dt, &s, extra, PathOverride::Auto), Ok(FwdPath::MmaSync), "{cc:?} {dt} {s:?} {extra}");
-            assert_eq!(choose_forward(cc, dt, &s, extra, PathOverride::ForceMma), Ok(FwdPath::MmaSync));
+            for setting in [PathOverride::Auto, PathOverride::OptInSm90, PathOverride::ForceMma] {
+                assert_eq!(choose_forward(cc, dt, &s, extra, setting), FwdPath::MmaSync, "{cc:?} {dt} {s:?} {extra} {setting:?}");
+            }
         }
-        // Forcing mma wins on a call sm90 could run.
-        assert_eq!(choose_forward(H100, bf, &shape(128), false, PathOverride::ForceMma), Ok(FwdPath::MmaSync));
     }
 
     #[test]
-    fn forcing_sm90_on_an_unsupported_call_says_why() {
+    fn unsupported_calls_say_why() {
         let bf = ElementType::BF16;
         for (cc, dt, d, extra, why) in [
             ((8, 0), bf, 128, false, "compute capability 8.0"),
@@ -280,12 +332,24 @@ mod tests {
             (H100, bf, 192, false, "192"),
             (H100, bf, 64, true, "optional operand"),
         ] {
-            let e = choose_forward(cc, dt, &shape(d), extra, PathOverride::ForceSm90).unwrap_err();
-            assert!(e.starts_with("EXLA_RS_CUDA_PATH=sm90") && e.contains(why), "{e}");
+            let e = sm90_supports(cc, dt, &shape(d), extra).unwrap_err();
+            assert!(e.contains(why), "{e}");
         }
-        // Empty calls stay on mma.sync even when forced (no tensor map for an empty tensor).
-        let empty = AttnShape { seq_q: 0, ..shape(64) };
-        assert_eq!(choose_forward(H100, bf, &empty, false, PathOverride::ForceSm90), Ok(FwdPath::MmaSync));
+        assert_eq!(sm90_supports(H100, bf, &shape(64), false), Ok(()));
+    }
+
+    #[test]
+    fn the_status_summary_names_the_path_and_the_reason() {
+        let auto = forward_path_summary(Ok(PathOverride::Auto), &[H100]);
+        assert!(auto.starts_with("mma.sync (auto)") && auto.contains("Hopper hardware") && auto.contains("EXLA_RS_CUDA_PATH=sm90"), "{auto}");
+        let opted = forward_path_summary(Ok(PathOverride::OptInSm90), &[(8, 0), H100]);
+        assert!(opted.starts_with("sm90") && opted.contains("EXLA_RS_CUDA_PATH=sm90") && opted.contains("every backward"), "{opted}");
+        let ampere = forward_path_summary(Ok(PathOverride::OptInSm90), &[(8, 0)]);
+        assert!(ampere.starts_with("mma.sync") && ampere.contains("compute capability 8.0"), "{ampere}");
+        assert!(forward_path_summary(Ok(PathOverride::OptInSm90), &[]).contains("no device"));
+        assert!(forward_path_summary(Ok(PathOverride::ForceMma), &[H100]).contains("EXLA_RS_CUDA_PATH=mma"));
+        let bad = forward_path_summary(PathOverride::parse(Some("wgmma")), &[H100]);
+        assert!(bad.contains("INVALID_ARGUMENT") && bad.contains("\"wgmma\""), "{bad}");
     }
 
     #[test]
@@ -293,7 +357,7 @@ mod tests {
         assert_eq!(PathOverride::parse(None), Ok(PathOverride::Auto));
         assert_eq!(PathOverride::parse(Some("auto")), Ok(PathOverride::Auto));
         assert_eq!(PathOverride::parse(Some(" mma ")), Ok(PathOverride::ForceMma));
-        assert_eq!(PathOverride::parse(Some("sm90")), Ok(PathOverride::ForceSm90));
+        assert_eq!(PathOverride::parse(Some("sm90")), Ok(PathOverride::OptInSm90));
         assert!(PathOverride::parse(Some("wgmma")).unwrap_err().contains("\"wgmma\""));
     }
 
@@ -329,6 +393,19 @@ mod tests {
         let small = AttnShape { batch: 1, seq_q: 200, heads: 3, ..s };
         assert_eq!(fwd_grid(&small, 132), 2 * 3);
         assert_eq!(fwd_grid(&small, 0), 1);
+    }
+
+    #[test]
+    fn tensor_map_arguments_are_the_geometry_with_128_byte_swizzle() {
+        let a = tiled_map_args(ElementType::F16, 0x1000, 2, 300, 8, 128, 128);
+        assert_eq!((a.global_dim, a.global_strides, a.box_dim), tensor_map_geometry(2, 300, 8, 128, 128));
+        assert_eq!(a.global_address as usize, 0x1000);
+        assert_eq!(a.element_strides, [1; 4]);
+        assert_eq!(a.data_type, sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_FLOAT16);
+        assert_eq!(a.swizzle, sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B);
+        assert_eq!(a.oob_fill, sys::CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+        let b = tiled_map_args(ElementType::BF16, 0, 1, 1, 1, 64, 64);
+        assert_eq!(b.data_type, sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16);
     }
 
     #[test]

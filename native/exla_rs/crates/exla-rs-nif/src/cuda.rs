@@ -30,6 +30,7 @@ pub fn status(env: Env<'_>) -> Term<'_> {
             ("reason", s.reason.encode(env)),
             ("driver_version", s.driver_version.encode(env)),
             ("devices", devices.encode(env)),
+            ("forward_path", s.forward_path.encode(env)),
         ],
     )
 }

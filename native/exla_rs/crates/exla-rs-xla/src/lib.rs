@@ -8,6 +8,8 @@
 //! functions through [`TARGETS`].
 
 pub mod cuda;
+#[cfg(feature = "gpu-on-cpu")]
+pub mod cuda_on_cpu;
 pub mod decode;
 pub mod host;
 pub mod targets;
@@ -52,6 +54,61 @@ pub unsafe extern "C" fn exla_rs_flash_attn_fwd_cuda(frame: *mut XLA_FFI_CallFra
 #[no_mangle]
 pub unsafe extern "C" fn exla_rs_flash_attn_bwd_cuda(frame: *mut XLA_FFI_CallFrame) -> *mut XLA_FFI_Error {
     cuda::backward_handler(frame)
+}
+
+/// Feature `gpu-on-cpu` (never in the release library): the CUDA forward handler's code path on
+/// XLA's CPU platform, the kernels run by the GPU-on-CPU executor (`cuda_on_cpu.rs`).
+///
+/// # Safety
+/// Called by XLA with a valid call frame (or a metadata probe).
+#[cfg(feature = "gpu-on-cpu")]
+#[no_mangle]
+pub unsafe extern "C" fn exla_rs_flash_attn_fwd_cuda_on_cpu(frame: *mut XLA_FFI_CallFrame) -> *mut XLA_FFI_Error {
+    cuda_on_cpu::forward_handler(frame)
+}
+
+/// Feature `gpu-on-cpu`: the CUDA backward handler's code path on XLA's CPU platform.
+///
+/// # Safety
+/// Called by XLA with a valid call frame (or a metadata probe).
+#[cfg(feature = "gpu-on-cpu")]
+#[no_mangle]
+pub unsafe extern "C" fn exla_rs_flash_attn_bwd_cuda_on_cpu(frame: *mut XLA_FFI_CallFrame) -> *mut XLA_FFI_Error {
+    cuda_on_cpu::backward_handler(frame)
+}
+
+/// Feature `gpu-on-cpu`: launches per kernel on the GPU-on-CPU executor since the last reset, as
+/// JSON `{"kernel": n, ...}`, written NUL-terminated into `buf` when it fits; returns the full
+/// length (call with len 0 to size the buffer).
+///
+/// # Safety
+/// `buf` is valid for `len` bytes (or null with len 0).
+#[cfg(feature = "gpu-on-cpu")]
+#[no_mangle]
+pub unsafe extern "C" fn exla_rs_cuda_on_cpu_launch_counts_json(buf: *mut std::ffi::c_char, len: usize) -> usize {
+    std::panic::catch_unwind(|| cuda_on_cpu::launch_counts_json())
+        .map_or(0, |text| cuda_on_cpu::write_c_string(&text, buf, len))
+}
+
+/// Feature `gpu-on-cpu`: the executor's shared-memory bank statistics since the last reset
+/// (kernels/cpu/README.md describes the JSON), written as for the launch counts.
+///
+/// # Safety
+/// As for `exla_rs_cuda_on_cpu_launch_counts_json`.
+#[cfg(feature = "gpu-on-cpu")]
+#[no_mangle]
+pub unsafe extern "C" fn exla_rs_cuda_on_cpu_bank_stats_json(buf: *mut std::ffi::c_char, len: usize) -> usize {
+    std::panic::catch_unwind(exla_rs_cuda::gpusim::stats_json).map_or(0, |text| cuda_on_cpu::write_c_string(&text, buf, len))
+}
+
+/// Feature `gpu-on-cpu`: forgets the launch counts and the bank statistics.
+#[cfg(feature = "gpu-on-cpu")]
+#[no_mangle]
+pub extern "C" fn exla_rs_cuda_on_cpu_stats_reset() {
+    let _ = std::panic::catch_unwind(|| {
+        exla_rs_cuda::gpusim_reset_launch_counts();
+        exla_rs_cuda::gpusim::stats_reset();
+    });
 }
 
 /// Bytes of the trailing `u8[N]` workspace result a call takes: N > 0, 0 for none, -1 when the

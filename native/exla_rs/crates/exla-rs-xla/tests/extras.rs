@@ -114,7 +114,7 @@ fn fwd_frame_with(x: &Data, extra: Vec<OwnedBuffer>, flags: Vec<(&str, AttrValue
     for (n, v) in flags {
         fb = fb.attr(n, v);
     }
-    fb.ret(f32_buf(&q_dims, &vec![f32::NAN; B * SQ * H * D])).ret(f32_buf(&[B as i64, H as i64, SQ as i64], &vec![f32::NAN; B * H * SQ]))
+    fb.ret(f32_buf(&q_dims, &vec![f32::NAN; B * SQ * H * D])).ret(f32_buf(&[B as i64, H as i64, SQ as i64], &[f32::NAN; B * H * SQ]))
 }
 
 fn mask_buf(x: &Data) -> OwnedBuffer {
@@ -269,7 +269,7 @@ fn malformed_extras_are_invalid_argument_naming_the_operand() {
     let m = fwd_err(with_args(
         &x,
         |mut v| {
-            v[0] = OwnedBuffer::new(sys::XLA_FFI_DataType_U8, &[B as i64, SK as i64 - 1], &vec![1u8; B * (SK - 1)]);
+            v[0] = OwnedBuffer::new(sys::XLA_FFI_DataType_U8, &[B as i64, SK as i64 - 1], &[1u8; B * (SK - 1)]);
             v
         },
         vec![],
@@ -278,7 +278,7 @@ fn malformed_extras_are_invalid_argument_naming_the_operand() {
     let m = fwd_err(with_args(
         &x,
         |mut v| {
-            v[0] = f32_buf(&[B as i64, SK as i64], &vec![1.0; B * SK]);
+            v[0] = f32_buf(&[B as i64, SK as i64], &[1.0; B * SK]);
             v
         },
         vec![],
@@ -316,7 +316,7 @@ fn malformed_extras_are_invalid_argument_naming_the_operand() {
     let m = fwd_err(with_args(
         &x,
         |mut v| {
-            v[2] = f32_buf(&[H as i64 - 1], &vec![0.5; H - 1]);
+            v[2] = f32_buf(&[H as i64 - 1], &[0.5; H - 1]);
             v
         },
         vec![],

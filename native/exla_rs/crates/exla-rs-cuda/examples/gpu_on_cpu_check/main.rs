@@ -1,0 +1,204 @@
+//! The GPU-on-CPU sanitizer harness: a list of calls that together launch EVERY kernel image of
+//! this build (each mma.sync forward and backward, each f32 SIMT kernel, the auxiliary kernels,
+//! dbias, dropout, and the sm90 forward set), run through `exla_rs_cuda::forward` / `backward`
+//! on `Stream::GpuSim` with exactly-sized host buffers, each compared with the Host kernels.
+//!
+//! It exists because the sanitizers cannot run inside python + jaxlib here (AddressSanitizer
+//! crashes in jaxlib, ThreadSanitizer reports jaxlib's own races): build the executor
+//! instrumented and run this instead (scripts/gpu_on_cpu.sh):
+//!
+//!     EXLA_RS_GPUSIM_SANITIZE=thread cargo run --release -p exla-rs-cuda --features gpu-on-cpu \
+//!         --example gpu_on_cpu_check
+//!
+//! with `TSAN_OPTIONS=halt_on_error=1:exitcode=66` (or `ASAN_OPTIONS=detect_leaks=0:...`): a
+//! sanitizer report ends the process with the sanitizer's exit code. Otherwise the exit status
+//! is 0 when every case matched the Host kernels and every kernel was launched, 1 if not.
+//!
+//! Options: `--only SUBSTRING` (cases whose name contains it; skips the coverage check),
+//! `--list`, `--seed N`.
+
+mod cases;
+
+use cases::Case;
+use exla_rs_attn::{AttnShape, ElementType};
+use exla_rs_cuda::{embedded, HEAD_DIMS, SM90_HEAD_DIMS};
+use std::collections::BTreeSet;
+use std::time::Instant;
+
+const DTYPES: [ElementType; 3] = [ElementType::F16, ElementType::BF16, ElementType::F32];
+
+fn shape(b: usize, sq: usize, sk: usize, h: usize, hkv: usize, d: usize) -> AttnShape {
+    AttnShape { batch: b, seq_q: sq, seq_k: sk, heads: h, kv_heads: hkv, head_dim: d }
+}
+
+/// One option set per case, in rotation, so every option meets several dtypes and head dims.
+fn with_options(mut c: Case, n: usize) -> Case {
+    let s = c.shape;
+    let (b, h, sq, sk) = (s.batch, s.heads, s.seq_q, s.seq_k);
+    match n % 8 {
+        0 => c.window = (-1, 0),
+        1 => (c.window, c.softcap) = ((20, 3), 15.0),
+        2 => {
+            // A batch row with no keys (fully masked rows) and query positions off the diagonal.
+            c.kv_len = Some((0..b).map(|i| if i == 0 { 0 } else { sk as i32 - 9 }).collect());
+            c.q_start = Some((0..b).map(|i| [5, -3][i % 2]).collect());
+        }
+        3 => (c.key_mask, c.alibi) = (true, true),
+        4 => (c.bias, c.dbias) = (Some(([1, h, sq, sk], ElementType::F32)), true),
+        5 => (c.bias, c.dbias, c.window) = (Some(([b, 1, 1, sk], ElementType::BF16)), true, (-1, 0)),
+        6 => (c.dropout, c.window) = (0.2, (-1, 0)),
+        _ => {
+            (c.dropout, c.key_mask, c.alibi) = (0.1, true, true);
+            (c.bias, c.dbias) = (Some(([1, 1, sq, sk], ElementType::F16)), true);
+        }
+    }
+    c.name = format!("{}_{}", c.name, ["causal", "window_softcap", "ragged", "mask_alibi", "bias1HQK_dbias", "biasB11K_dbias", "dropout", "everything"][n % 8]);
+    c
+}
+
+/// The option sets of `with_options` that each tensor-core feature set runs (config.rs
+/// FeatureSet): plain, masks and additive terms, dropout, both.
+const OPTIONS_PER_FEATURE_SET: [&[usize]; 4] = [&[0, 1, 2], &[3, 4, 5], &[6], &[7]];
+
+/// Every case: the mma.sync kernels at every (dtype, D) once per feature set and the SIMT kernels
+/// once per D, with rotating option sets, the sm90 forward set opted in, and an empty call.
+fn all_cases() -> Vec<Case> {
+    let mut v = Vec::new();
+    let mut n = 0;
+    for d in HEAD_DIMS {
+        for dt in DTYPES {
+            // Query rows past one 128-row (D = 256: 64-row) forward tile and keys past one 64-key
+            // (D > 128: 32-key) tile, both ragged; GQA groups of 2.
+            let sq = if d <= 192 { 130 } else { 70 };
+            let sk = if d <= 128 { 70 } else { 40 };
+            let case = || Case::new(format!("{}_d{d}", dt.name()), dt, shape(2, sq, sk, 4, 2, d));
+            if dt == ElementType::F32 {
+                v.push(with_options(case(), n));
+            } else {
+                // Each feature set is its own kernel image: one case per set.
+                for opts in OPTIONS_PER_FEATURE_SET {
+                    v.push(with_options(case(), opts[n % opts.len()]));
+                }
+            }
+            n += 1;
+        }
+    }
+    for dt in [ElementType::F16, ElementType::BF16] {
+        for d in SM90_HEAD_DIMS {
+            // Past one 128-row query tile and one key tile (128 keys, D = 256: 64), ragged.
+            let sk = if d <= 128 { 140 } else { 70 };
+            let mut c = Case::new(format!("sm90_{}_d{d}", dt.name()), dt, shape(2, 130, sk, 4, 2, d));
+            c.path = Some("sm90");
+            c.backward = false;
+            match d {
+                64 => c.window = (-1, 0),
+                128 => {
+                    c.kv_len = Some(vec![sk as i32 - 30, 0]);
+                    c.q_start = Some(vec![7, -2]);
+                }
+                _ => c.softcap = 20.0,
+            }
+            v.push(c);
+        }
+    }
+    // The persistent grid with fewer blocks than work tiles: each block takes several.
+    let mut c = Case::new("sm90_bf16_d128_persistent_3sms", ElementType::BF16, shape(2, 260, 200, 2, 1, 128));
+    (c.path, c.backward, c.sms, c.window) = (Some("sm90"), false, Some(3), (-1, 0));
+    v.push(c);
+    v.push(Case::new("empty_queries_bf16_d64", ElementType::BF16, shape(2, 0, 50, 2, 2, 64)));
+    v
+}
+
+/// Every `extern "C" __global__` kernel the build embeds, by name.
+fn embedded_kernels() -> BTreeSet<String> {
+    let mut names = BTreeSet::new();
+    for f in embedded::KERNEL_FILES {
+        for (at, _) in f.source.match_indices("extern \"C\" __global__") {
+            let rest = &f.source[at..];
+            let start = rest.find("exla_rs_").expect("a kernel named exla_rs_*");
+            let name: String = rest[start..].chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect();
+            names.insert(name);
+        }
+    }
+    names
+}
+
+struct Args {
+    only: Option<String>,
+    list: bool,
+    seed: u64,
+}
+
+fn args() -> Result<Args, String> {
+    let mut a = Args { only: None, list: false, seed: 1 };
+    let mut it = std::env::args().skip(1);
+    while let Some(x) = it.next() {
+        match x.as_str() {
+            "--only" => a.only = Some(it.next().ok_or("--only needs a substring")?),
+            "--list" => a.list = true,
+            "--seed" => a.seed = it.next().and_then(|s| s.parse().ok()).ok_or("--seed needs an integer")?,
+            other => return Err(format!("unknown argument {other:?} (--only SUBSTRING, --list, --seed N)")),
+        }
+    }
+    Ok(a)
+}
+
+fn main() {
+    let a = args().unwrap_or_else(|e| {
+        eprintln!("gpu_on_cpu_check: {e}");
+        std::process::exit(2)
+    });
+    let cases: Vec<Case> = all_cases().into_iter().filter(|c| a.only.as_ref().map_or(true, |o| c.name.contains(o.as_str()))).collect();
+    if a.list {
+        cases.iter().for_each(|c| println!("{}", c.name));
+        return;
+    }
+    let device = exla_rs_cuda::gpusim_device().unwrap_or_else(|e| {
+        eprintln!("gpu_on_cpu_check: {e}");
+        std::process::exit(2)
+    });
+    println!(
+        "GPU-on-CPU check: {} cases, emulated compute capability {}.{}, {} SMs, sanitizer {}",
+        cases.len(),
+        device.cc.0,
+        device.cc.1,
+        device.sms,
+        exla_rs_cuda::gpusim::SANITIZER.unwrap_or("none")
+    );
+    exla_rs_cuda::gpusim_reset_launch_counts();
+    let started = Instant::now();
+    let mut failed = Vec::new();
+    for c in &cases {
+        let t = Instant::now();
+        let r = cases::run(c, a.seed);
+        let ms = t.elapsed().as_millis();
+        match r {
+            Ok(rep) => {
+                let errs: Vec<String> = rep.errors.iter().map(|(w, e)| format!("{w} {e:.1e}")).collect();
+                println!("ok   {:<40} {ms:>7} ms  {}", c.name, errs.join(", "));
+            }
+            Err(e) => {
+                println!("FAIL {:<40} {ms:>7} ms  {e}", c.name);
+                failed.push(c.name.clone());
+            }
+        }
+    }
+    let mut missing = Vec::new();
+    if a.only.is_none() {
+        let ran = exla_rs_cuda::gpusim_launch_counts();
+        missing = embedded_kernels().into_iter().filter(|k| !ran.contains_key(k)).collect();
+        println!("kernels launched: {} of {} embedded", ran.len(), ran.len() + missing.len());
+        if !missing.is_empty() {
+            println!("NEVER LAUNCHED: {}", missing.join(", "));
+        }
+    }
+    println!(
+        "{} passed, {} failed in {:.1} s",
+        cases.len() - failed.len(),
+        failed.len() + usize::from(!missing.is_empty()),
+        started.elapsed().as_secs_f64()
+    );
+    if !failed.is_empty() || !missing.is_empty() {
+        std::process::exit(1);
+    }
+}

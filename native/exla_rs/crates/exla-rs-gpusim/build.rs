@@ -1,0 +1,232 @@
+//! Compiles the GPU-on-CPU executor into `libexla_rs_gpusim.a`: every `kernels/cpu/*.cpp` (the
+//! runtime, the PTX models, the generated kernel table) and every kernel instantiation file
+//! (`kernels/inst/*.cu`, `kernels/sm90/inst/*.cu`) as host C++ with `EXLA_RS_CPU` defined, so the
+//! kernels under test are the same text nvcc compiles.
+//!
+//! Objects are rebuilt only when their source, one of the headers it included (`-MMD`) or the
+//! command line changed, on `NUM_JOBS` threads: the kernel headers are heavy templates and an
+//! edit to the runtime should not recompile 37 kernel files.
+//!
+//! Environment: `CXX` (default `g++`), `AR` (default `ar`), `EXLA_RS_GPUSIM_SANITIZE=thread|address`
+//! (every unit gets `-DEXLA_RS_GPUSIM_TSAN` / `-DEXLA_RS_GPUSIM_ASAN`, and all but the
+//! [`UNINSTRUMENTED`] ones `-fsanitize=`; final binaries must link with `-fsanitize=` too:
+//! dependents read `DEP_EXLA_RS_GPUSIM_SANITIZE`), `EXLA_RS_GPUSIM_CXXFLAGS` (extra flags, appended).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Mutex;
+use std::time::{Instant, SystemTime};
+
+/// What every translation unit is compiled with. `-fno-strict-aliasing`: the kernels reinterpret
+/// registers and shared memory the way CUDA code does; `-g1`: line tables for sanitizer reports;
+/// `-Wno-psabi`: GCC's note that passing 128-byte-aligned parameters (the sm90 tensor maps) changed
+/// ABI in GCC 4.6 concerns mixing compilers, and every caller here is built by the same one.
+const BASE_FLAGS: [&str; 7] = ["-O2", "-g1", "-std=c++17", "-DEXLA_RS_CPU", "-fno-strict-aliasing", "-fPIC", "-Wno-psabi"];
+
+/// `kernels/cpu` files compiled without sanitizer instrumentation: the scheduler's bookkeeping is
+/// shared by every fiber and ordered by the scheduler, not by GPU rules (kernels/cpu/runtime.hpp),
+/// so ThreadSanitizer must not judge it; it reports the memory effects it performs for a kernel
+/// to the sanitizers itself.
+const UNINSTRUMENTED: [&str; 1] = ["runtime.cpp"];
+
+fn main() {
+    let manifest = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").unwrap());
+    let kernels = manifest.join("../../kernels").canonicalize().expect("native/exla_rs/kernels is missing");
+    let out = PathBuf::from(std::env::var("OUT_DIR").unwrap());
+    println!("cargo:rerun-if-changed={}", kernels.display());
+    for v in ["CXX", "AR", "EXLA_RS_GPUSIM_SANITIZE", "EXLA_RS_GPUSIM_CXXFLAGS"] {
+        println!("cargo:rerun-if-env-changed={v}");
+    }
+
+    let sanitize = sanitizer().unwrap_or_else(|e| panic!("{e}"));
+    let cxx = std::env::var("CXX").unwrap_or_else(|_| "g++".into());
+    let mut flags: Vec<String> = BASE_FLAGS.iter().map(|s| s.to_string()).collect();
+    flags.push(format!("-I{}", kernels.display()));
+    if let Some(s) = sanitize {
+        flags.push(if s == "thread" { "-DEXLA_RS_GPUSIM_TSAN" } else { "-DEXLA_RS_GPUSIM_ASAN" }.into());
+        // Whole stacks in sanitizer reports.
+        flags.push("-fno-omit-frame-pointer".into());
+    }
+    if let Ok(extra) = std::env::var("EXLA_RS_GPUSIM_CXXFLAGS") {
+        flags.extend(extra.split_whitespace().map(str::to_string));
+    }
+    let instrument = sanitize.map(|s| format!("-fsanitize={s}"));
+
+    let units = sources(&kernels);
+    let obj_dir = out.join("obj");
+    std::fs::create_dir_all(&obj_dir).unwrap();
+    let objects = compile_all(&cxx, &flags, instrument.as_deref(), &units, &obj_dir);
+    archive(&objects, &out.join("libexla_rs_gpusim.a"));
+
+    println!("cargo:rustc-link-search=native={}", out.display());
+    println!("cargo:rustc-link-lib=static=exla_rs_gpusim");
+    println!("cargo:rustc-link-lib=dylib=stdc++");
+    if let Some(s) = sanitize {
+        // The runtime the instrumented objects call into. A final executable must also be linked
+        // with -fsanitize= (the runtime first in its library list): dependents learn the mode here.
+        println!("cargo:rustc-link-lib=dylib={}", if s == "thread" { "tsan" } else { "asan" });
+        println!("cargo:sanitize={s}");
+        println!("cargo:rustc-env=EXLA_RS_GPUSIM_SANITIZE_BUILT={s}");
+    }
+}
+
+/// `EXLA_RS_GPUSIM_SANITIZE`: None, `thread` or `address`.
+fn sanitizer() -> Result<Option<&'static str>, String> {
+    match std::env::var("EXLA_RS_GPUSIM_SANITIZE").as_deref().map(str::trim) {
+        Err(_) | Ok("") | Ok("none") => Ok(None),
+        Ok("thread") => Ok(Some("thread")),
+        Ok("address") => Ok(Some("address")),
+        Ok(other) => Err(format!("EXLA_RS_GPUSIM_SANITIZE={other:?}: expected thread, address or none")),
+    }
+}
+
+/// One translation unit: its source, whether it is CUDA text (`.cu`, compiled with `-x c++`),
+/// whether the sanitizer instruments it, and its object's name (the set as a prefix: stems
+/// repeat across directories).
+struct Unit {
+    src: PathBuf,
+    cuda: bool,
+    instrumented: bool,
+    obj: String,
+}
+
+fn sources(kernels: &Path) -> Vec<Unit> {
+    let list = |dir: &str, ext: &str| -> Vec<PathBuf> {
+        let path = kernels.join(dir);
+        let mut v: Vec<PathBuf> = std::fs::read_dir(&path)
+            .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.extension().is_some_and(|x| x == ext))
+            .collect();
+        v.sort();
+        v
+    };
+    let runtime = list("cpu", "cpp");
+    assert!(
+        !runtime.is_empty(),
+        "{}: no *.cpp: the GPU-on-CPU runtime (kernels/cpu: runtime, PTX models, kernel table) is missing",
+        kernels.join("cpu").display()
+    );
+    let mut units = Vec::new();
+    for (dir, ext, prefix, cuda) in [("cpu", "cpp", "cpu_", false), ("inst", "cu", "inst_", true), ("sm90/inst", "cu", "sm90_", true)] {
+        let files = if dir == "cpu" { runtime.clone() } else { list(dir, ext) };
+        assert!(!files.is_empty(), "no kernels in {}", kernels.join(dir).display());
+        for src in files {
+            let stem = src.file_stem().unwrap().to_str().unwrap().to_string();
+            let instrumented = cuda || !UNINSTRUMENTED.contains(&src.file_name().unwrap().to_str().unwrap());
+            units.push(Unit { src, cuda, instrumented, obj: format!("{prefix}{stem}.o") });
+        }
+    }
+    units
+}
+
+/// The compiler's command line for one unit (also its staleness stamp).
+fn command_line(cxx: &str, flags: &[String], instrument: Option<&str>, u: &Unit, obj: &Path) -> Vec<String> {
+    let mut args = vec![cxx.to_string()];
+    args.extend(flags.iter().cloned());
+    if let (Some(f), true) = (instrument, u.instrumented) {
+        args.push(f.to_string());
+    }
+    args.extend(["-MMD".into(), "-MF".into(), obj.with_extension("d").display().to_string(), "-c".into()]);
+    if u.cuda {
+        args.extend(["-x".into(), "c++".into()]);
+    }
+    args.push(u.src.display().to_string());
+    args.extend(["-o".into(), obj.display().to_string()]);
+    args
+}
+
+fn mtime(p: &Path) -> Option<SystemTime> {
+    std::fs::metadata(p).and_then(|m| m.modified()).ok()
+}
+
+/// Whether `obj` is missing or older than its command line or any file its last compile read.
+fn stale(obj: &Path, cmd: &str) -> bool {
+    let (Some(built), Ok(stamp), Ok(deps)) = (
+        mtime(obj),
+        std::fs::read_to_string(obj.with_extension("cmd")),
+        std::fs::read_to_string(obj.with_extension("d")),
+    ) else {
+        return true;
+    };
+    if stamp != cmd {
+        return true;
+    }
+    // "x.o: a.cu b.cuh \\\n c.hpp": every token after the target is an input (our paths have no
+    // spaces; a vanished header makes the object stale too).
+    deps.split_whitespace()
+        .skip(1)
+        .filter(|t| *t != "\\")
+        .any(|dep| mtime(Path::new(dep)).map_or(true, |t| t > built))
+}
+
+/// Compiles the stale units on `NUM_JOBS` threads; returns every object, in unit order.
+fn compile_all(cxx: &str, flags: &[String], instrument: Option<&str>, units: &[Unit], obj_dir: &Path) -> Vec<PathBuf> {
+    let jobs: usize = std::env::var("NUM_JOBS")
+        .ok()
+        .and_then(|j| j.parse().ok())
+        .unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2))
+        .max(1);
+    let mut todo = Vec::new();
+    for u in units {
+        let obj = obj_dir.join(&u.obj);
+        let cmd = command_line(cxx, flags, instrument, u, &obj);
+        if stale(&obj, &cmd.join(" ")) {
+            todo.push((obj, cmd));
+        }
+    }
+    let count = todo.len();
+    let queue = Mutex::new(todo);
+    let failures = Mutex::new(Vec::<String>::new());
+    let started = Instant::now();
+    std::thread::scope(|s| {
+        for _ in 0..jobs.min(count) {
+            s.spawn(|| loop {
+                let Some((obj, cmd)) = queue.lock().unwrap().pop() else { break };
+                if let Err(e) = compile_one(&obj, &cmd) {
+                    failures.lock().unwrap().push(e);
+                }
+            });
+        }
+    });
+    let failures = failures.into_inner().unwrap();
+    if !failures.is_empty() {
+        panic!("{cxx} failed on {} of {count} file(s):\n{}", failures.len(), failures.join("\n"));
+    }
+    if count > 0 {
+        println!(
+            "cargo:warning=exla-rs-gpusim: {cxx} compiled {count} of {} files in {:.0?} ({jobs} jobs)",
+            units.len(),
+            started.elapsed()
+        );
+    }
+    units.iter().map(|u| obj_dir.join(&u.obj)).collect()
+}
+
+fn compile_one(obj: &Path, cmd: &[String]) -> Result<(), String> {
+    let stamp = obj.with_extension("cmd");
+    // A failed or interrupted compile must not leave a stamp that reads as up to date.
+    let _ = std::fs::remove_file(&stamp);
+    let o = Command::new(&cmd[0]).args(&cmd[1..]).output().map_err(|e| format!("{}: cannot run: {e}", cmd[0]))?;
+    let log = format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+    if !o.status.success() {
+        return Err(format!("--- {}\n{log}", cmd.join(" ")));
+    }
+    for line in log.lines().filter(|l| !l.trim().is_empty()) {
+        println!("cargo:warning=exla-rs-gpusim: {line}");
+    }
+    std::fs::write(&stamp, cmd.join(" ")).map_err(|e| format!("{}: {e}", stamp.display()))
+}
+
+/// A fresh archive of exactly `objects` (objects of deleted sources must not linger in it).
+fn archive(objects: &[PathBuf], lib: &Path) {
+    let ar = std::env::var("AR").unwrap_or_else(|_| "ar".into());
+    let _ = std::fs::remove_file(lib);
+    let o = Command::new(&ar)
+        .arg("crs")
+        .arg(lib)
+        .args(objects)
+        .output()
+        .unwrap_or_else(|e| panic!("{ar}: cannot run: {e}"));
+    assert!(o.status.success(), "{ar} crs {} failed: {}", lib.display(), String::from_utf8_lossy(&o.stderr));
+}

@@ -1,0 +1,27 @@
+//! The executor's shared-memory bank statistics (per kernel, per instruction kind: warp accesses,
+//! wavefronts, bank conflicts), gathered across launches until reset.
+
+use crate::ffi;
+
+/// The statistics since the last reset, as the executor's JSON text.
+pub fn stats_json() -> String {
+    // SAFETY: a zero-length call only returns the length.
+    let mut need = unsafe { ffi::exla_rs_gpusim_stats_json(std::ptr::null_mut(), 0) };
+    loop {
+        let mut buf = vec![0u8; need + 1];
+        // SAFETY: `buf` has buf.len() writable bytes.
+        let full = unsafe { ffi::exla_rs_gpusim_stats_json(buf.as_mut_ptr().cast(), buf.len()) };
+        if full < buf.len() {
+            buf.truncate(full);
+            return String::from_utf8_lossy(&buf).into_owned();
+        }
+        // A launch on another thread grew the statistics in between: ask again.
+        need = full;
+    }
+}
+
+/// Forgets the statistics gathered so far.
+pub fn stats_reset() {
+    // SAFETY: no arguments; the executor serialises access to its counters.
+    unsafe { ffi::exla_rs_gpusim_stats_reset() }
+}

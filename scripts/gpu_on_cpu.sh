@@ -1,0 +1,143 @@
+#!/usr/bin/env bash
+# The CUDA kernels run on the CPU with the GPU's semantics (issue 22): the GPU-on-CPU executor
+# (native/exla_rs/kernels/cpu, crates/exla-rs-gpusim) behind the unchanged launch code.
+#
+#   scripts/gpu_on_cpu.sh [STEP ...]     default: every step, in this order
+#
+# Steps:
+#   build        the gpu-on-cpu handler library (exla-rs-xla --features gpu-on-cpu) in its own
+#                target dir, so the release library never carries the executor
+#   rust         the crates' gpu-on-cpu tests (launch code on Stream::GpuSim vs the Host kernels)
+#   tests-mma    test/gpu through real XLA (jax 0.10.2, cpu device), the default kernel set
+#   tests-sm90   the same with EXLA_RS_CUDA_PATH=sm90 (the sm90 forward wherever it applies)
+#   tsan         the sanitizer harness (examples/gpu_on_cpu_check: every kernel image) with the
+#   asan         executor and kernels built under ThreadSanitizer / AddressSanitizer
+#
+# Each step's output goes to $EXLA_RS_GPUSIM_LOGS (default: a temporary directory; shown in full
+# when the step fails); each prints its time and test counts, and the script ends with
+# `N passed, N failed` over every step. Exit status: non-zero when any step fails.
+#
+# Knobs: EXLA_RS_GPUSIM_MAX_SEQ (longest sequence test/gpu keeps on the CPU, default 160: above
+# the kernels' largest tile, 128 rows), EXLA_RS_SEED (replays test inputs), EXLA_RS_GPUSIM_JOBS
+# (1 = run the two test/gpu kernel sets one after the other instead of side by side).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+source scripts/env.sh
+
+TARGET=$EXLA_RS_ROOT/native/exla_rs/target
+PY=$EXLA_RS_VENVS/jax-0.10.2/bin/python
+LIB=$TARGET/gpu_on_cpu/release/libexla_rs_xla.so
+LOGS=${EXLA_RS_GPUSIM_LOGS:-$(mktemp -d)}
+mkdir -p "$LOGS"
+# No fatbins: the executor runs the kernels' C++ build, nvcc would only add minutes.
+export EXLA_RS_CUDA_NVCC=0
+export EXLA_RS_GPUSIM_MAX_SEQ=${EXLA_RS_GPUSIM_MAX_SEQ:-160}
+# A sanitizer report ends the harness at once with these exit codes.
+export TSAN_OPTIONS="halt_on_error=1 exitcode=66 second_deadlock_stack=1 ${TSAN_OPTIONS:-}"
+export ASAN_OPTIONS="detect_leaks=0 halt_on_error=1 exitcode=67 ${ASAN_OPTIONS:-}"
+
+# ---------------------------------------------------------------------------------------------
+# Steps: each runs its command(s) with output to $LOGS/<step>.log.
+
+cargo_gpusim() { # cargo_gpusim TARGET_SUBDIR ARGS...: cargo in its own target dir
+  local dir=$1; shift
+  cargo "$@" --release --manifest-path "$CARGO_MANIFEST" --target-dir "$TARGET/$dir"
+}
+
+step_build() {
+  cargo_gpusim gpu_on_cpu build -p exla-rs-xla --features gpu-on-cpu || return 1
+  # The executor must be in this library and only there.
+  nm -D --defined-only "$LIB" | grep -q exla_rs_flash_attn_fwd_cuda_on_cpu || { echo "$LIB lacks the cuda_on_cpu handlers"; return 1; }
+}
+
+step_rust() {
+  cargo_gpusim gpu_on_cpu test -p exla-rs-gpusim -p exla-rs-cuda -p exla-rs-xla --features exla-rs-xla/gpu-on-cpu
+}
+
+pytest_gpu() { # pytest_gpu [ENV=VALUE ...]: test/gpu on the gpu-on-cpu library
+  env EXLA_RS_TEST_PLATFORM=cuda-on-cpu EXLA_RS_XLA_LIB="$LIB" "$@" \
+    "$PY" -m pytest -q -p no:cacheprovider -o console_output_style=count test/gpu/test_cuda_xla.py
+}
+step_tests_mma() { pytest_gpu EXLA_RS_CUDA_PATH=auto; }
+step_tests_sm90() { pytest_gpu EXLA_RS_CUDA_PATH=sm90; }
+
+harness() { # harness SANITIZER: the harness built and run under the sanitizer
+  local s=$1
+  EXLA_RS_GPUSIM_SANITIZE=$s cargo_gpusim "gpu_on_cpu_$s" build -p exla-rs-cuda --features gpu-on-cpu --example gpu_on_cpu_check || return 1
+  "$TARGET/gpu_on_cpu_$s/release/examples/gpu_on_cpu_check"
+}
+step_tsan() { harness thread; }
+step_asan() { harness address; }
+
+# ---------------------------------------------------------------------------------------------
+# Bookkeeping: per-step time, counts and outcome.
+
+ALL_STEPS=(build rust tests-mma tests-sm90 tsan asan)
+summary=()
+total_passed=0 total_failed=0
+
+counts() { # counts LOG: "PASSED FAILED" from pytest's, cargo test's or the harness's summary lines
+  awk '
+    /^test result: / { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed/) cp += $i; if ($(i+1) ~ /^failed/) cf += $i }; cargo = 1 }
+    /^=* *[0-9]+ (passed|failed|error)/ || /^[0-9]+ (passed|failed)(,| in )/ {
+      p = 0; f = 0
+      for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed/) p = $i; if ($(i+1) ~ /^(failed|errors?)/) f += $i }
+      other = 1
+    }
+    END { if (cargo) print cp, cf; else if (other) print p, f }' "$1"
+}
+
+run_step() { # run_step NAME: runs step_NAME, logs, times and counts it
+  local name=$1 log=$LOGS/$1.log start=$SECONDS rc passed failed c
+  echo "=== $name"
+  "step_${name//-/_}" >"$log" 2>&1
+  rc=$?
+  c=$(counts "$log")
+  if [[ -n $c ]]; then read -r passed failed <<<"$c"; else passed=$((rc == 0)) failed=$((rc != 0)); fi
+  # A step that failed without a failed test (a build error, a crash, a sanitizer report) counts one.
+  ((rc != 0 && failed == 0)) && failed=1
+  total_passed=$((total_passed + passed)) total_failed=$((total_failed + failed))
+  local line="$name: $((SECONDS - start)) s, $passed passed, $failed failed"
+  if ((rc == 0)); then
+    summary+=("PASS $line")
+  else
+    summary+=("FAIL $line (rc $rc, log $log)")
+    tail -n 80 "$log"
+  fi
+  echo "${summary[-1]}"
+}
+
+steps=("$@")
+((${#steps[@]})) || steps=("${ALL_STEPS[@]}")
+for s in "${steps[@]}"; do
+  [[ " ${ALL_STEPS[*]} " == *" $s "* ]] || { echo "unknown step $s (steps: ${ALL_STEPS[*]})"; exit 2; }
+done
+
+started=$SECONDS
+parallel_tests=0
+[[ ${EXLA_RS_GPUSIM_JOBS:-2} -ge 2 && " ${steps[*]} " == *" tests-mma "* && " ${steps[*]} " == *" tests-sm90 "* ]] && parallel_tests=1
+for s in "${steps[@]}"; do
+  if ((parallel_tests)) && [[ $s == tests-mma ]]; then
+    # The two kernel sets side by side: each pytest keeps about one core busy.
+    echo "=== tests-mma and tests-sm90, side by side"
+    run_step tests-sm90 >"$LOGS/tests-sm90.summary" 2>&1 &
+    sm90_pid=$!
+    run_step tests-mma
+    wait "$sm90_pid"
+    cat "$LOGS/tests-sm90.summary"
+    # run_step's bookkeeping of tests-sm90 ran in the subshell: take it from its summary line.
+    line=$(grep -E '^(PASS|FAIL) tests-sm90:' "$LOGS/tests-sm90.summary")
+    summary+=("$line")
+    read -r p f < <(sed -E 's/.*: [0-9]+ s, ([0-9]+) passed, ([0-9]+) failed.*/\1 \2/' <<<"$line")
+    total_passed=$((total_passed + p)) total_failed=$((total_failed + f))
+    continue
+  fi
+  ((parallel_tests)) && [[ $s == tests-sm90 ]] && continue
+  run_step "$s"
+done
+
+echo
+echo "=== GPU-on-CPU summary ($((SECONDS - started)) s, logs in $LOGS)"
+printf '%s\n' "${summary[@]}"
+echo "$total_passed passed, $total_failed failed"
+((total_failed == 0))
