@@ -356,6 +356,10 @@ LONG_CUDA = capped(Case("long", 2, 70, 131, 4, 2, 32))
 DBIAS_PATTERNS = tuple(BIAS_PATTERNS) + ("B11K",)
 EXTRA_PARAMS += [pytest.param(LONG_CUDA, Extra(bias=p, bias_f32=n % 2 == 0), dt, id=f"bias_{p}-{dt}") for n, p in enumerate(DBIAS_PATTERNS) for dt in DTYPES]
 EXTRA_PARAMS += [pytest.param(BY_NAME_CUDA["gqa"], Extra(bias=p), "f32", id=f"bias_{p}-gqa-f32") for p in DBIAS_PATTERNS]
+# The masks-and-terms feature set (its own kernel images, config.rs FeatureSet) at every head dim,
+# key_mask + bias + ALiBi with the bias gradient, over several tiles.
+EXTRA_PARAMS += [pytest.param(BY_NAME_CUDA[f"d{d}_ragged"], Extra(key_mask="holes", bias="B1QK", alibi=True, mask_dtype=n % 4), dt,
+                              id=f"feature_set_mask-d{d}-{dt}") for n, d in enumerate(CUDA_DIMS) for dt in DTYPES]
 SPECIAL_CUDA = [
     ("mask_all_masked_row", LONG_CUDA, Extra(key_mask="all_masked", mask_dtype=0)),
     ("mask_holes_causal", BY_NAME_CUDA["causal_odd"], Extra(key_mask="holes", mask_dtype=2)),
@@ -500,9 +504,15 @@ def test_dropout_statistics_on_the_device():
         assert (m1[:, hh] != m1[:, hh + 1]).mean() > 0.3
 
 
-@pytest.mark.parametrize("dt", DROPOUT_DTYPES, ids=["f32", "f16", "bf16"])
-@pytest.mark.parametrize("d", [64, 128])
-@pytest.mark.parametrize("name", list(DROPOUT_CONFIGS))
+# Every config at two head dims; the dropout-only and dropout-with-everything feature sets (their
+# own kernel images) at every head dim.
+DROPOUT_PARAMS = [pytest.param(name, d, dt, id=f"{name}-{d}-{i}") for name in DROPOUT_CONFIGS for d in (64, 128)
+                  for dt, i in zip(DROPOUT_DTYPES, ["f32", "f16", "bf16"])]
+DROPOUT_PARAMS += [pytest.param(name, d, dt, id=f"{name}-{d}-{i}") for name in ("plain", "everything") for d in CUDA_DIMS if d not in (64, 128)
+                   for dt, i in zip(DROPOUT_DTYPES, ["f32", "f16", "bf16"])]
+
+
+@pytest.mark.parametrize("name,d,dt", DROPOUT_PARAMS)
 def test_dropout_forward_backward_match_float64(name, d, dt):
     skip_unless_sm90_forward("", d, optional_operands=True)
     """Forward and backward with dropout (and the other options) against a float64 reference that

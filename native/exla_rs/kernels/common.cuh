@@ -145,14 +145,25 @@ EXLA_RS_DEVICE float warp_max(float x) {
 constexpr long long kWindowCap = 1LL << 40;
 EXLA_RS_DEVICE long long clamp_window(long long w) { return w > kWindowCap ? kWindowCap : w; }
 
-// Bits [a, z) of a 64-bit word, a and z clamped to [0, 64]. A straddling tile turns each row's (fwd)
-// or key's (bwd) visible interval into one such mask: an element then costs one bit test against a
-// compile-time bit instead of two compares.
-EXLA_RS_DEVICE unsigned long long bit_range(int a, int z) {
-  const int lo = imax(a, 0), hi = imin(z, 64);
-  if (lo >= hi) return 0ull;
-  const unsigned long long below_hi = hi == 64 ? ~0ull : (1ull << hi) - 1ull;
-  return below_hi & (~0ull << lo);  // lo <= 63 here
+// Bits [a, z) of a W-bit word (W = 32 or 64: the tile extent), a and z clamped to [0, W]. A
+// straddling tile turns each row's (fwd) or key's (bwd) visible interval into one such mask: an
+// element then costs one bit test against a compile-time bit instead of two compares.
+template <int W>
+struct BitsOf {
+  using T = unsigned long long;
+};
+template <>
+struct BitsOf<32> {
+  using T = unsigned;  // 32-bit shifts: half the integer work of the 64-bit ones
+};
+template <int W>
+EXLA_RS_DEVICE typename BitsOf<W>::T bit_range(int a, int z) {
+  using U = typename BitsOf<W>::T;
+  static_assert(W == 32 || W == 64, "tile extent");
+  const int lo = imax(a, 0), hi = imin(z, W);
+  if (lo >= hi) return U(0);
+  const U below_hi = hi == W ? ~U(0) : (U(1) << hi) - U(1);
+  return below_hi & (~U(0) << lo);  // lo <= W - 1 here
 }
 
 struct Mask {
@@ -259,11 +270,17 @@ EXLA_RS_DEVICE void load_tile_async(unsigned short* s, const unsigned short* g, 
     constexpr int kStep = NTHREADS / kChunks;
     const int r0 = tid / kChunks, col = (tid % kChunks) * 8;
     const unsigned short* src0 = g + (long long)(row0 + r0) * row_stride + col;
-    unsigned short* dst0 = s + Swz<ROWS, D>::off(r0, col);
+    // The swizzle repeats every 8 rows: with a step below 8 (a power of 2 here) the first kPeriod
+    // steps' addresses are swizzled once and every later step adds a multiple of 8 rows to one.
+    static_assert(kStep % 8 == 0 || 8 % kStep == 0, "row step");
+    constexpr int kPeriod = kStep % 8 == 0 ? 1 : 8 / kStep;
+    unsigned short* dst0[kPeriod];
+#pragma unroll
+    for (int k = 0; k < kPeriod; ++k) dst0[k] = s + Swz<ROWS, D>::off(r0 + k * kStep, col);
 #pragma unroll
     for (int i = 0; i < ROWS / kStep; ++i) {
       const bool ok = row0 + r0 + i * kStep < row_limit;
-      unsigned short* dst = kStep % 8 == 0 ? dst0 + i * kStep * Swz<ROWS, D>::W : s + Swz<ROWS, D>::off(r0 + i * kStep, col);
+      unsigned short* dst = dst0[i % kPeriod] + (i / kPeriod) * kPeriod * kStep * Swz<ROWS, D>::W;
       cp_async16(dst, ok ? src0 + i * kStep * row_stride : g, ok ? 16 : 0);
     }
   } else {

@@ -94,7 +94,7 @@ template <class BT, int BM>
 EXLA_RS_DEVICE void bwd_extras_elementwise(float (&st)[BM / 8][4], float (&dpt)[BM / 8][4], float (&dbias_keys)[2],
                                            const BwdExtrasStep& xs, const BwdParams& p, const float* sLse,
                                            const float* sDelta, const bool (&kbad)[2],
-                                           const unsigned long long (&qvis)[2]) {
+                                           const typename BitsOf<BM>::T (&qvis)[2]) {
   const void* bias = xs.bias;
   const unsigned keep_bits = xs.keep_bits;
   const float drop_scale = xs.drop_scale, slope_l2 = xs.slope_l2;
@@ -235,12 +235,22 @@ __device__ __forceinline__ void flash_bwd(const BwdParams& p) {
     const unsigned short* gQ = static_cast<const unsigned short*>(p.q) + q_off;
     const unsigned short* gdO = static_cast<const unsigned short*>(p.d_o) + q_off;
     constexpr int kChunks = D / 8;
-    for (int c = tid; c < BM * kChunks; c += NT) {
-      const int r = c / kChunks, col = (c % kChunks) * 8, gr = m0 + r;
+    auto load_chunk = [&](int r, int col) {
+      const int gr = m0 + r;
       const bool ok = gr < p.seq_q && gLse[gr] != neg_inf();
       const long long off = ok ? (long long)gr * q_stride + col : 0;
-      cp_async16(sQ + SwQ::off(r, col), gQ + off, ok ? 16 : 0);
-      cp_async16(sdO + SwQ::off(r, col), gdO + off, ok ? 16 : 0);
+      const int so = SwQ::off(r, col);
+      cp_async16(sQ + so, gQ + off, ok ? 16 : 0);
+      cp_async16(sdO + so, gdO + off, ok ? 16 : 0);
+    };
+    if constexpr (NT % kChunks == 0 && BM % (NT / kChunks) == 0) {
+      // As in load_tile_async: each thread keeps one column and steps down the rows, so the column
+      // is loop invariant and no chunk pays a division.
+      constexpr int kStep = NT / kChunks;
+#pragma unroll
+      for (int i = 0; i < BM / kStep; ++i) load_chunk(tid / kChunks + i * kStep, (tid % kChunks) * 8);
+    } else {
+      for (int c = tid; c < BM * kChunks; c += NT) load_chunk(c / kChunks, (c % kChunks) * 8);
     }
     cp_async_commit();
     const float* gDelta = p.delta + ((long long)b * p.heads + h) * p.seq_q;
@@ -319,8 +329,9 @@ __device__ __forceinline__ void flash_bwd(const BwdParams& p) {
       // Element (j, e) is query m0 + j * 8 + tig * 2 + (e & 1) of key key_a + (e >> 1) * 8.
       // Bit qc = j * 8 + (e & 1) of qvis[e >> 1]: that element's query lies in its key's visible
       // interval (all ones on a full step): one bit test per element instead of two compares.
-      const unsigned long long qvis[2] = {full ? ~0ull : bit_range(qlo[0] - m0 - tig * 2, qhi[0] - m0 - tig * 2),
-                                          full ? ~0ull : bit_range(qlo[1] - m0 - tig * 2, qhi[1] - m0 - tig * 2)};
+      using QBits = typename BitsOf<BM>::T;
+      const QBits qvis[2] = {full ? ~QBits(0) : bit_range<BM>(qlo[0] - m0 - tig * 2, qhi[0] - m0 - tig * 2),
+                             full ? ~QBits(0) : bit_range<BM>(qlo[1] - m0 - tig * 2, qhi[1] - m0 - tig * 2)};
       if (extras) {
         // The same step with the contract's optional features: z = s + bias + alibi (exp2 domain),
         // P^T <- P^T * M * scale_drop, dZ = P (M * scale_drop * dP - delta), dS = dZ softcap'(s),

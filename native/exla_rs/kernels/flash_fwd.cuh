@@ -225,8 +225,8 @@ __device__ __forceinline__ void flash_fwd(const FwdParams& p) {
       const unsigned long long km_mine = km_bits >> (tig * 2);
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
-        unsigned long long vis = bit_range(lo_r[r] - n0 - tig * 2, hi_r[r] - n0 - tig * 2);
-        if (has_km) vis &= km_mine;
+        auto vis = bit_range<BN>(lo_r[r] - n0 - tig * 2, hi_r[r] - n0 - tig * 2);
+        if (has_km) vis &= static_cast<decltype(vis)>(km_mine);
 #pragma unroll
         for (int j = 0; j < BN / 8; ++j)
 #pragma unroll
