@@ -683,7 +683,7 @@ def bwd_traits(d):
     return warps, split, 16 * warps // split, (64 if d <= 96 else 32), d // split
 
 
-def bwd_extras_step(ex, st, dpt, dbias_keys, b, h, hk, t, group, m_tiles, m0, n0, ks, dpart, key_a, kbad, qvis, sLse, sDelta,
+def bwd_extras_step(ex, st, dpt, dbias_keys, b, h, hk, t, group, m_tiles, m0, n0, ks, dpart, key_a, kbad, qa, qz, full, sLse, sDelta,
                     mask, Sq, BM, scale, softcap):
     """flash_bwd.cuh's `if (extras)` step for one warp (st, dpt, dbias_keys updated in place)."""
     keep_bits = np.full(32, 0xFFFFFFFF, np.uint64)
@@ -711,7 +711,7 @@ def bwd_extras_step(ex, st, dpt, dbias_keys, b, h, hk, t, group, m_tiles, m0, n0
                 z2 = z2 + ex.bias_at(bias_base + qc * bsq + kc * bsk, ok) * np.float32(L2E)
             if ex.alibi is not None:
                 z2 = z2 + slope_l2 * np.abs(rel + qc - kc).astype(np.float32)
-            vis = (l2 != -np.inf) & bit_of(qvis[e >> 1], qc) & (z2 != -np.inf)
+            vis = (l2 != -np.inf) & (full | ((qc >= qa[e >> 1]) & (qc < qz[e >> 1]))) & (z2 != -np.inf)
             pr = np.where(vis, np.exp2(z2 - l2), 0).astype(np.float32)
             pm = np.where((keep_bits >> np.uint64(j * 4 + e)) & np.uint64(1), drop_scale, 0).astype(np.float32)
             st[j, :, e] = pr * pm
@@ -835,8 +835,8 @@ def flash_bwd(q, k, v, kv_len, q_start, o, lse, do, scale, softcap, wl, wr, ex=N
                                     dpt[2 * nt + 1] = mma(dpt[2 * nt + 1], av, bo[2], bo[3])
                             if extras:
                                 dbias_keys = np.zeros((2, 32), np.float32)  # the step's Sqb = 1 sums of the lanes' keys
-                                bwd_extras_step(ex, st, dpt, dbias_keys, b, h, hk, t, group, m_tiles, m0, n0, ks, dpart, key_a, kbad, qvis,
-                                                sLse, sDelta, mask, Sq, BM, scale, softcap)
+                                bwd_extras_step(ex, st, dpt, dbias_keys, b, h, hk, t, group, m_tiles, m0, n0, ks, dpart, key_a, kbad, qa, qz,
+                                                full, sLse, sDelta, mask, Sq, BM, scale, softcap)
                             for j in range(BM // 8 if not extras else 0):
                                 for e in range(4):
                                     ql = j * 8 + TIG * 2 + (e & 1)

@@ -93,8 +93,8 @@ struct BwdExtrasStep {
 template <class BT, int BM>
 EXLA_RS_DEVICE void bwd_extras_elementwise(float (&st)[BM / 8][4], float (&dpt)[BM / 8][4], float (&dbias_keys)[2],
                                            const BwdExtrasStep& xs, const BwdParams& p, const float* sLse,
-                                           const float* sDelta, const bool (&kbad)[2],
-                                           const typename BitsOf<BM>::T (&qvis)[2]) {
+                                           const float* sDelta, const bool (&kbad)[2], const int (&qa)[2],
+                                           const int (&qz)[2], bool full) {
   const void* bias = xs.bias;
   const unsigned keep_bits = xs.keep_bits;
   const float drop_scale = xs.drop_scale, slope_l2 = xs.slope_l2;
@@ -118,7 +118,8 @@ EXLA_RS_DEVICE void bwd_extras_elementwise(float (&st)[BM / 8][4], float (&dpt)[
       }
       if (has_alibi) z2 += slope_l2 * alibi_dist(rel + qc - kc);
       // A bias of -inf hides the element like the mask (P = 0, and no NaN from dP).
-      const bool vis = l2 != neg_inf() && ((qvis[e >> 1] >> qc) & 1) && z2 != neg_inf();
+      // Two compares, not bit_range's mask: the masks' live registers spilled bwd_*_d96/d192 here.
+      const bool vis = l2 != neg_inf() && (full || (qc >= qa[e >> 1] && qc < qz[e >> 1])) && z2 != neg_inf();
       const float pr = vis ? ex2(z2 - l2) : 0.f;
       const float pm = ((keep_bits >> (j * 4 + e)) & 1) ? drop_scale : 0.f;  // M * scale_drop
       st[j][e] = pr * pm;
@@ -235,22 +236,27 @@ __device__ __forceinline__ void flash_bwd(const BwdParams& p) {
     const unsigned short* gQ = static_cast<const unsigned short*>(p.q) + q_off;
     const unsigned short* gdO = static_cast<const unsigned short*>(p.d_o) + q_off;
     constexpr int kChunks = D / 8;
-    auto load_chunk = [&](int r, int col) {
-      const int gr = m0 + r;
-      const bool ok = gr < p.seq_q && gLse[gr] != neg_inf();
-      const long long off = ok ? (long long)gr * q_stride + col : 0;
-      const int so = SwQ::off(r, col);
-      cp_async16(sQ + so, gQ + off, ok ? 16 : 0);
-      cp_async16(sdO + so, gdO + off, ok ? 16 : 0);
-    };
     if constexpr (NT % kChunks == 0 && BM % (NT / kChunks) == 0) {
       // As in load_tile_async: each thread keeps one column and steps down the rows, so the column
       // is loop invariant and no chunk pays a division.
       constexpr int kStep = NT / kChunks;
+      const int col = (tid % kChunks) * 8;
 #pragma unroll
-      for (int i = 0; i < BM / kStep; ++i) load_chunk(tid / kChunks + i * kStep, (tid % kChunks) * 8);
+      for (int i = 0; i < BM / kStep; ++i) {
+        const int r = tid / kChunks + i * kStep, gr = m0 + r;
+        const bool ok = gr < p.seq_q && gLse[gr] != neg_inf();
+        const long long off = ok ? (long long)gr * q_stride + col : 0;
+        cp_async16(sQ + SwQ::off(r, col), gQ + off, ok ? 16 : 0);
+        cp_async16(sdO + SwQ::off(r, col), gdO + off, ok ? 16 : 0);
+      }
     } else {
-      for (int c = tid; c < BM * kChunks; c += NT) load_chunk(c / kChunks, (c % kChunks) * 8);
+      for (int c = tid; c < BM * kChunks; c += NT) {
+        const int r = c / kChunks, col = (c % kChunks) * 8, gr = m0 + r;
+        const bool ok = gr < p.seq_q && gLse[gr] != neg_inf();
+        const long long off = ok ? (long long)gr * q_stride + col : 0;
+        cp_async16(sQ + SwQ::off(r, col), gQ + off, ok ? 16 : 0);
+        cp_async16(sdO + SwQ::off(r, col), gdO + off, ok ? 16 : 0);
+      }
     }
     cp_async_commit();
     const float* gDelta = p.delta + ((long long)b * p.heads + h) * p.seq_q;
@@ -327,11 +333,6 @@ __device__ __forceinline__ void flash_bwd(const BwdParams& p) {
       // Elementwise: st <- P^T, dpt <- dS^T (without the final `scale`, applied at the end).
       const bool full = km_full && mask.tile_full(m0, m0 + BM, n0, n0 + BN);
       // Element (j, e) is query m0 + j * 8 + tig * 2 + (e & 1) of key key_a + (e >> 1) * 8.
-      // Bit qc = j * 8 + (e & 1) of qvis[e >> 1]: that element's query lies in its key's visible
-      // interval (all ones on a full step): one bit test per element instead of two compares.
-      using QBits = typename BitsOf<BM>::T;
-      const QBits qvis[2] = {full ? ~QBits(0) : bit_range<BM>(qlo[0] - m0 - tig * 2, qhi[0] - m0 - tig * 2),
-                             full ? ~QBits(0) : bit_range<BM>(qlo[1] - m0 - tig * 2, qhi[1] - m0 - tig * 2)};
       if (extras) {
         // The same step with the contract's optional features: z = s + bias + alibi (exp2 domain),
         // P^T <- P^T * M * scale_drop, dZ = P (M * scale_drop * dP - delta), dS = dZ softcap'(s),
@@ -351,17 +352,19 @@ __device__ __forceinline__ void flash_bwd(const BwdParams& p) {
         // with one atomic per entry and step. (Summing across steps as well kept two more values
         // live through the whole sweep, which spilled bwd_bf16_d192 on sm_90.)
         float dbias_keys[2] = {0.f, 0.f};
+        const int qa[2] = {qlo[0] - m0 - tig * 2, qlo[1] - m0 - tig * 2};
+        const int qz[2] = {qhi[0] - m0 - tig * 2, qhi[1] - m0 - tig * 2};
         const BwdExtrasStep xs{has_bias ? x.bias : nullptr, keep_bits, drop_scale, slope_l2, has_alibi, rel, q_lim, k_lim, bias_base, bsq, bsk, dbias, g, tig};
         // One copy of the loop per bias dtype and one without a bias: no per-element type switch.
         // (Not a generic lambda: NVRTC's JIT mode takes its call operator for a host function.)
         if (!has_bias)
-          bwd_extras_elementwise<NoBias, BM>(st, dpt, dbias_keys, xs, p, sLse, sDelta, kbad, qvis);
+          bwd_extras_elementwise<NoBias, BM>(st, dpt, dbias_keys, xs, p, sLse, sDelta, kbad, qa, qz, full);
         else if (x.bias_dtype == 0)
-          bwd_extras_elementwise<BiasF32, BM>(st, dpt, dbias_keys, xs, p, sLse, sDelta, kbad, qvis);
+          bwd_extras_elementwise<BiasF32, BM>(st, dpt, dbias_keys, xs, p, sLse, sDelta, kbad, qa, qz, full);
         else if (x.bias_dtype == 1)
-          bwd_extras_elementwise<BiasF16, BM>(st, dpt, dbias_keys, xs, p, sLse, sDelta, kbad, qvis);
+          bwd_extras_elementwise<BiasF16, BM>(st, dpt, dbias_keys, xs, p, sLse, sDelta, kbad, qa, qz, full);
         else
-          bwd_extras_elementwise<BiasBF16, BM>(st, dpt, dbias_keys, xs, p, sLse, sDelta, kbad, qvis);
+          bwd_extras_elementwise<BiasBF16, BM>(st, dpt, dbias_keys, xs, p, sLse, sDelta, kbad, qa, qz, full);
         // Sqb = 1: flush the per-key sums; the quad's 4 threads hold the same keys' other queries.
         if (dbias != nullptr && bsq == 0) {
           const long long base = bias_offset(x, b, h, 0, key_a);
@@ -383,6 +386,11 @@ __device__ __forceinline__ void flash_bwd(const BwdParams& p) {
           dbias_keys[0] = dbias_keys[1] = 0.f;
         }
       } else {
+      // Bit qc = j * 8 + (e & 1) of qvis[e >> 1]: that element's query lies in its key's visible
+      // interval (all ones on a full step): one bit test per element instead of two compares.
+      using QBits = typename BitsOf<BM>::T;
+      const QBits qvis[2] = {full || F != 0 ? ~QBits(0) : bit_range<BM>(qlo[0] - m0 - tig * 2, qhi[0] - m0 - tig * 2),
+                             full || F != 0 ? ~QBits(0) : bit_range<BM>(qlo[1] - m0 - tig * 2, qhi[1] - m0 - tig * 2)};
 #pragma unroll
       for (int j = 0; j < BM / 8; ++j) {
 #pragma unroll
@@ -392,7 +400,11 @@ __device__ __forceinline__ void flash_bwd(const BwdParams& p) {
           const float l2 = sLse[ql];
           const float s0 = p.softcap > 0.f ? score(st[j][e], p.scale, p.softcap, p.softcap_inv) : st[j][e] * p.scale;
           const float s = kbad[e >> 1] ? qnan() : s0;
-          const bool vis = l2 != neg_inf() && ((qvis[e >> 1] >> qc) & 1);
+          // The plain set tests a bit of qvis; the others keep the two compares, whose registers do
+          // not spill bwd_*_d96 beside the extras step (the masks' did, on sm_80 and sm_90).
+          const bool in_range = F == 0 ? ((qvis[e >> 1] >> qc) & 1) != 0
+                                       : full || (qc >= qlo[e >> 1] - m0 - tig * 2 && qc < qhi[e >> 1] - m0 - tig * 2);
+          const bool vis = l2 != neg_inf() && in_range;
           const float pr = vis ? ex2(s * kLog2e - l2) : 0.f;
           st[j][e] = pr;
           // A select, not a product with pr = 0: dP^T of a hidden pair may be NaN (a non-finite V

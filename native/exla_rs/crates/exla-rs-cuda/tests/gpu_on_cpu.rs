@@ -34,9 +34,11 @@ fn simt_mma_sync_and_sm90_kernels_match_the_host_kernels() {
         }
     }
     let ran = exla_rs_cuda::gpusim_launch_counts();
-    for k in ["exla_rs_fwd_f32_d64", "exla_rs_bwd_dkdv_f32_d64", "exla_rs_fwd_bf16_d64", "exla_rs_dbias_round", "exla_rs_sm90_fwd_f16_d64"] {
+    // The bias/key_mask call runs the masks-and-terms feature set (config.rs FeatureSet), not the plain one.
+    for k in ["exla_rs_fwd_f32_d64", "exla_rs_bwd_dkdv_f32_d64", "exla_rs_fwd_bf16_d64_mask", "exla_rs_bwd_bf16_d64_mask", "exla_rs_dbias_round", "exla_rs_sm90_fwd_f16_d64"] {
         assert!(ran.contains_key(k), "{k} never launched: {ran:?}");
     }
+    assert!(!ran.contains_key("exla_rs_fwd_bf16_d64") && !ran.contains_key("exla_rs_bwd_bf16_d64"), "{ran:?}");
     // Opted in, the sm90 call ran no mma.sync forward.
     assert!(!ran.contains_key("exla_rs_fwd_f16_d64"), "{ran:?}");
 }
