@@ -65,6 +65,10 @@ step "CUDA sm90 kernel emulation" "$EXLA_RS_VENVS/jax-0.10.2/bin/python" native/
 # No kernel may spill: any LDL/STL in the SASS of the release build's fatbins fails CI (per-kernel
 # instruction/HMMA/integer-op counts are printed too: the signal for kernel work without a GPU).
 step "CUDA kernels: SASS statistics, no spills" "$EXLA_RS_VENVS/jax-0.10.2/bin/python" native/exla_rs/kernels/sass_stats.py --check-spills
+# The CUDA kernels themselves, executed on the CPU with the GPU's semantics (issue 22): test/gpu
+# through real XLA for the mma.sync and the sm90 kernel sets, and the harness that launches every
+# kernel image under ThreadSanitizer and AddressSanitizer (the script prints each part's time).
+step "CUDA kernels on the CPU (scripts/gpu_on_cpu.sh)" ./scripts/gpu_on_cpu.sh
 # The README's main job, small: it must run to its check and its timings.
 step "demo (scripts/demo.py, S=256)" "$EXLA_RS_VENVS/jax-0.10.2/bin/python" scripts/demo.py --seq 256 --repeats 1
 # ExUnit on Elixir >= 1.17 with real Nx, EXLA's Elixir side and Axon as Mix dependencies
