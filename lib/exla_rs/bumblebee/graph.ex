@@ -82,16 +82,40 @@ defmodule ExlaRs.Bumblebee.Graph do
       do: {:error, "its attention weights do not reach the output through Axon.dropout"}
 
     # The attention weights may feed only the fused chain and the model's
-    # `attentions` output (Bumblebee's `append` node): anything else computing with
-    # them would lose its input when the chain is fused.
+    # `attentions` outputs. Bumblebee routes them there through `append` and
+    # `if_present`/`optional` (cross-attention exists only with an encoder state) to
+    # a `global_opt_in(:output_attentions)`: past that gate the weights exist only
+    # when the model is built with `output_attentions: true`, and then the fused
+    # layer runs unfused on those very weights, so whatever reads them downstream (a
+    # composite model's outputs, say) reads what made the output. Anything else
+    # computing with the weights before the gate would lose its input.
+    @plumbing [:append, :optional, :if_present]
+
     defp only_consumers(id, allowed, nodes, children, what) do
-      case Enum.reject(Map.get(children, id, []), &(&1 in allowed or nodes[&1].op_name == :append)) do
-        [] ->
+      case Enum.find(ungated(id, allowed, nodes, children), &(nodes[&1].op_name not in @plumbing)) do
+        nil ->
           :ok
 
-        [other | _] ->
+        other ->
           {:error, "#{what} are used by another layer (#{describe(nodes[other])}), not only by the attention output"}
       end
+    end
+
+    # The nodes reachable from id's children (except through `excluded`) up to and
+    # excluding the first `global_opt_in` on each path.
+    defp ungated(id, excluded, nodes, children) do
+      Stream.unfold({Map.get(children, id, []) -- excluded, MapSet.new()}, fn
+        {[], _seen} ->
+          nil
+
+        {[next | rest], seen} ->
+          cond do
+            MapSet.member?(seen, next) -> {nil, {rest, seen}}
+            nodes[next].op_name == :global_opt_in -> {nil, {rest, MapSet.put(seen, next)}}
+            true -> {next, {(Map.get(children, next, []) -- excluded) ++ rest, MapSet.put(seen, next)}}
+          end
+      end)
+      |> Enum.reject(&is_nil/1)
     end
 
     defp window(nil), do: {:ok, nil}
