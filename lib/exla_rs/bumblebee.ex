@@ -32,6 +32,7 @@ defmodule ExlaRs.Bumblebee do
             kinds: %{atom() => non_neg_integer()},
             features: %{atom() => non_neg_integer()},
             blocks: [%{name: String.t() | nil, kind: atom(), features: [atom()]}],
+            weights_output: [String.t() | nil],
             skipped: [%{name: String.t() | nil, reason: String.t()}]
           }
 
@@ -49,6 +50,12 @@ defmodule ExlaRs.Bumblebee do
         value passed with their own, fewer heads);
       * `:blocks` - per fused attention, its block name (from Bumblebee's layer
         names, e.g. `"decoder.blocks.0.self_attention"`), kind and features;
+      * `:weights_output` - the swapped attentions whose weights the model returns
+        whatever `output_attentions` says (Bumblebee's encoder-decoders return
+        `encoder_attentions`, `decoder_attentions` and `cross_attentions`
+        ungated): Bumblebee's layers still compute those weights for that output,
+        next to the fused attention (in training mode with dropout, their dropout
+        mask is Axon's, not the one the fused output used);
       * `:skipped` - the attentions left as they were, with the reason.
 
     An attention is left alone (and listed in `:skipped`) when its weights feed
@@ -173,10 +180,14 @@ defmodule ExlaRs.Bumblebee do
 
       original = nodes[plan.id]
 
+      # The dropout key comes last: Axon 0.8 threads the training state through a
+      # layer's inputs in order, and an input it has already computed elsewhere (all
+      # the others here) hands back the state of that earlier computation, dropping
+      # what the inputs before it added. Last, the key's new state survives this layer.
       inputs =
         [query, key, value] ++
           Enum.map([plan.key_mask, plan.head_mask, plan.bias, plan.offset], at) ++
-          [dropout_key, at.(plan.dropped), at.(plan.value)]
+          [at.(plan.dropped), at.(plan.value), dropout_key]
 
       %Axon{output: id} =
         layer =
@@ -225,6 +236,7 @@ defmodule ExlaRs.Bumblebee do
         kinds: Enum.frequencies_by(blocks, & &1.kind),
         features: blocks |> Enum.flat_map(& &1.features) |> Enum.frequencies(),
         blocks: blocks,
+        weights_output: for(chain <- fusable, chain.weights_output, do: chain.name),
         skipped: Enum.map(skipped, &%{name: &1.name, reason: &1.problem})
       }
     end

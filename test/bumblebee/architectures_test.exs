@@ -56,9 +56,12 @@ defmodule ExlaRs.BumblebeeArchitecturesTest do
           assert length(want) > 0
           assert Map.keys(got) |> Enum.sort() == want |> Enum.map(&elem(&1, 0)) |> Enum.sort()
 
+          scale = want |> Enum.map(fn {_, w} -> w |> Nx.abs() |> Nx.reduce_max() |> Nx.to_number() end) |> Enum.max()
+          tolerance = Harness.gradient_tolerance(scale)
+
           worst =
             for {path, w} <- want, reduce: 0.0 do
-              worst -> max(worst, Harness.assert_close!(got[path], w, [], "gradient #{Enum.join(path, "/")}"))
+              worst -> max(worst, Harness.assert_close!(got[path], w, [], "gradient #{Enum.join(path, "/")}", tolerance))
             end
 
           note(@entry.name, "gradients max abs diff", worst)

@@ -16,7 +16,7 @@ defmodule ExlaRs.BumblebeeServingTest do
 
   test "Nx.Serving text generation gives the same text with the swapped model" do
     {:ok, tokenizer} = Bumblebee.load_tokenizer({:local, @tokenizer_dir}, type: :gpt2)
-    vocab = Bumblebee.Tokenizer.vocab_size(tokenizer)
+    vocab = Tokenizers.Tokenizer.get_vocab_size(tokenizer.native_tokenizer)
     assert vocab == 300
 
     spec =

@@ -8,9 +8,6 @@ unless Code.ensure_loaded?(ExlaRs.BumblebeeTest.Models) do
     # Text models: 2 blocks, hidden 16, 4 heads of 4, small vocabularies. Masks: a
     # bidirectional encoder's row 0 is right-padded (2 padding tokens), a causal
     # decoder's row 0 left-padded, as Bumblebee's generation pads it.
-    @batch 2
-    @seq 6
-    @dec_seq 5
     @vocab 40
     @text [vocab_size: @vocab, hidden_size: 16, intermediate_size: 32, num_blocks: 2, num_attention_heads: 4, max_positions: 32]
     @seq2seq [
@@ -125,13 +122,7 @@ unless Code.ensure_loaded?(ExlaRs.BumblebeeTest.Models) do
         },
         vision("ViT", Bumblebee.Vision.Vit, :for_image_classification, []),
         vision("DeiT", Bumblebee.Vision.Deit, :for_image_classification, []),
-        %{
-          name: "DINOv2",
-          spec: {Bumblebee.Vision.DinoV2, :for_image_classification, Keyword.delete(@vision, :intermediate_size) ++ [intermediate_size_ratio: 2]},
-          inputs: :pixels,
-          attentions: 2,
-          generate: false
-        },
+        vision("DINOv2", Bumblebee.Vision.DinoV2, :for_image_classification, intermediate_size: nil, intermediate_size_ratio: 2),
         vision("CLIP vision", Bumblebee.Vision.ClipVision, :base, []),
         vision("BLIP vision", Bumblebee.Vision.BlipVision, :base, []),
         %{
@@ -177,9 +168,7 @@ unless Code.ensure_loaded?(ExlaRs.BumblebeeTest.Models) do
 
     defp text(name, module, architecture, inputs, attentions, opts \\ []) do
       {generate, opts} = Keyword.pop(opts, :generate, false)
-      # nil drops a common option the architecture does not have.
-      opts = @text |> Keyword.merge(opts) |> Enum.reject(fn {_key, value} -> is_nil(value) end)
-      %{name: name, spec: {module, architecture, opts}, inputs: inputs, attentions: attentions, generate: generate}
+      %{name: name, spec: {module, architecture, merge(@text, opts)}, inputs: inputs, attentions: attentions, generate: generate}
     end
 
     # Encoder self-attention, decoder self- and cross-attention: 2 blocks each.
@@ -188,8 +177,11 @@ unless Code.ensure_loaded?(ExlaRs.BumblebeeTest.Models) do
     end
 
     defp vision(name, module, architecture, opts) do
-      %{name: name, spec: {module, architecture, @vision ++ opts}, inputs: :pixels, attentions: 2, generate: false}
+      %{name: name, spec: {module, architecture, merge(@vision, opts)}, inputs: :pixels, attentions: 2, generate: false}
     end
+
+    # Common options with the architecture's own; nil drops a common option it does not have.
+    defp merge(common, opts), do: common |> Keyword.merge(opts) |> Enum.reject(fn {_key, value} -> is_nil(value) end)
 
     defp clip_text, do: Bumblebee.configure(Bumblebee.Text.ClipText, @text)
     defp clip_vision, do: Bumblebee.configure(Bumblebee.Vision.ClipVision, @vision)
@@ -229,15 +221,25 @@ unless Code.ensure_loaded?(ExlaRs.BumblebeeTest.Models) do
     @seq 6
     @dec_seq 5
 
-    # The f32 tolerance every output and gradient tensor must meet, absolute plus
-    # relative to the reference tensor's largest entry: |a - b| <= atol + rtol *
-    # max|b|. Both models compute in f32 and differ only in the order of their sums
-    # (the fused backward recomputes the softmax from the row log-sum-exp); summed
-    # gradients such as a position embedding's cancel large terms, hence a bound
-    # scaled by the tensor rather than by each entry. Measured: docs/bumblebee.md.
-    @atol 1.0e-5
-    @rtol 1.0e-4
-    def tolerance, do: {@atol, @rtol}
+    # The f32 tolerances, per tensor: |a - b| <= atol + rtol * max|b|, on visible
+    # entries. Both models compute in f32 and differ only in the order of their sums.
+    #
+    # Outputs: atol 1e-5, rtol 1e-4.
+    #
+    # Gradients: the fused backward takes the softmax's row term from the output
+    # (dS = P (dP - rowsum(dO o O))) where autodiff sums P dP, so the two round
+    # differently, and some parameter gradients are sums of terms that cancel: a
+    # key projection's, since a query's key gradients sum to zero; a bias that a
+    # normalisation cancels, analytically zero. Their errors scale with the model's
+    # gradients, not with their own small values: atol = 1e-5 times the largest
+    # gradient entry of the model (f32 sums of tens of terms of that size), rtol
+    # 2e-3. A wrong mask, scale or bias shows in the outputs (checked 10x tighter)
+    # and is off by O(1) in the large gradients. Measured: docs/bumblebee.md.
+    @output_tolerance {1.0e-5, 1.0e-4}
+    def output_tolerance, do: @output_tolerance
+
+    @doc "The gradient tolerance for a model whose largest gradient entry is `scale`."
+    def gradient_tolerance(scale), do: {1.0e-5 * scale, 2.0e-3}
 
     @doc "The entry's tiny model: %{model:, params:, spec:} with random params, plus {inputs, masks}."
     def build(%{spec: {module, architecture, opts}, inputs: kind}) do
@@ -343,7 +345,7 @@ unless Code.ensure_loaded?(ExlaRs.BumblebeeTest.Models) do
     end
 
     @doc "Asserts each leaf of `got` is within tolerance of `want` on visible entries; returns the max abs diff."
-    def assert_close!(got, want, masks, what) do
+    def assert_close!(got, want, masks, what, {atol, rtol} \\ @output_tolerance) do
       got_leaves = Map.new(leaves(got, []))
       want_leaves = leaves(want, [])
       assert want_leaves != [], "#{what}: no outputs to compare"
@@ -354,14 +356,10 @@ unless Code.ensure_loaded?(ExlaRs.BumblebeeTest.Models) do
         assert Nx.shape(g) == Nx.shape(w), "#{what} #{inspect(path)}: shape #{inspect(Nx.shape(g))} != #{inspect(Nx.shape(w))}"
         vis = visible(w, masks)
         diff = Nx.subtract(g, w) |> Nx.abs() |> Nx.multiply(vis)
-        bound = w |> Nx.abs() |> Nx.reduce_max() |> Nx.multiply(@rtol) |> Nx.add(@atol)
+        bound = w |> Nx.abs() |> Nx.reduce_max() |> Nx.multiply(rtol) |> Nx.add(atol)
         bad = Nx.greater(diff, bound) |> Nx.sum() |> Nx.to_number()
         max = diff |> Nx.reduce_max() |> Nx.to_number()
-        if System.get_env("EXLA_RS_BUMBLEBEE_DIFFS") do
-          rel = Nx.divide(Nx.sqrt(Nx.sum(Nx.pow(diff, 2))), Nx.add(Nx.sqrt(Nx.sum(Nx.pow(w, 2))), 1.0e-30)) |> Nx.to_number()
-          IO.puts("[rel] #{what} #{inspect(path)} max #{max} maxref #{Nx.to_number(Nx.reduce_max(Nx.abs(w)))} normrel #{rel}")
-        end
-        assert bad == 0, "#{what} #{inspect(path)}: #{bad} visible entries off by more than #{@atol} + #{@rtol} * max|ref| (max #{max})"
+        assert bad == 0, "#{what} #{inspect(path)}: #{bad} visible entries off by more than #{atol} + #{rtol} * max|ref| (max #{max})"
         max(worst, max)
       end)
     end

@@ -24,8 +24,10 @@ defmodule ExlaRs.Bumblebee.Graph do
     `Axon.optional` wrappers), `:weights` and `:dropped`, the options
     (`:causal`, `:window_size`, `:scale`, `:dropout_rate`), a `:name` (the block
     the attention belongs to, from its output projection, or nil), `:gqa` (the
-    key/value node ids before Bumblebee's `repeat_interleave`, or nil) and
-    `:problem` (nil, or why the chain cannot be fused).
+    key/value node ids before Bumblebee's `repeat_interleave`, or nil),
+    `:weights_output` (whether the model returns the weights whatever
+    `output_attentions` says) and `:problem` (nil, or why the chain cannot be
+    fused).
     """
     def attentions(%Axon{nodes: nodes} = model) do
       children = children(nodes)
@@ -42,8 +44,8 @@ defmodule ExlaRs.Bumblebee.Graph do
 
       with {:ok, weights} <- weights_node(nodes[dropped_id], nodes),
            [query, key, key_mask, head_mask, bias, offset] <- weights.parent,
-           :ok <- only_consumers(dropped_id, [id], nodes, children, "its attention weights"),
-           :ok <- only_consumers(weights.id, [dropped_id], nodes, children, "its attention weights"),
+           {:ok, dropped_out?} <- weights_flow(dropped_id, id, nodes, children),
+           {:ok, weights_out?} <- weights_flow(weights.id, dropped_id, nodes, children),
            {:ok, window} <- window(weights.opts[:window_size]),
            {:ok, scale} <- scale(weights.opts[:scale]),
            {:ok, rate} <- rate(out_opts[:dropout_rate]) do
@@ -60,6 +62,7 @@ defmodule ExlaRs.Bumblebee.Graph do
           scale: scale,
           dropout_rate: rate,
           gqa: unrepeated(key, value_id, nodes),
+          weights_output: dropped_out? or weights_out?,
           problem: nil
         })
       else
@@ -82,40 +85,15 @@ defmodule ExlaRs.Bumblebee.Graph do
       do: {:error, "its attention weights do not reach the output through Axon.dropout"}
 
     # The attention weights may feed only the fused chain and the model's
-    # `attentions` outputs. Bumblebee routes them there through `append` and
-    # `if_present`/`optional` (cross-attention exists only with an encoder state) to
-    # a `global_opt_in(:output_attentions)`: past that gate the weights exist only
-    # when the model is built with `output_attentions: true`, and then the fused
-    # layer runs unfused on those very weights, so whatever reads them downstream (a
-    # composite model's outputs, say) reads what made the output. Anything else
-    # computing with the weights before the gate would lose its input.
-    @plumbing [:append, :optional, :if_present]
+    # `attentions` outputs (WeightsFlow says where they go).
+    defp weights_flow(from_id, through_id, nodes, children) do
+      case ExlaRs.Bumblebee.WeightsFlow.follow(from_id, [through_id], nodes, children) do
+        {:ok, exposed?} ->
+          {:ok, exposed?}
 
-    defp only_consumers(id, allowed, nodes, children, what) do
-      case Enum.find(ungated(id, allowed, nodes, children), &(nodes[&1].op_name not in @plumbing)) do
-        nil ->
-          :ok
-
-        other ->
-          {:error, "#{what} are used by another layer (#{describe(nodes[other])}), not only by the attention output"}
+        {:error, reader} ->
+          {:error, "its attention weights are used by another layer (#{describe(reader)}), not only by the attention output"}
       end
-    end
-
-    # The nodes reachable from id's children (except through `excluded`) up to and
-    # excluding the first `global_opt_in` on each path.
-    defp ungated(id, excluded, nodes, children) do
-      Stream.unfold({Map.get(children, id, []) -- excluded, MapSet.new()}, fn
-        {[], _seen} ->
-          nil
-
-        {[next | rest], seen} ->
-          cond do
-            MapSet.member?(seen, next) -> {nil, {rest, seen}}
-            nodes[next].op_name == :global_opt_in -> {nil, {rest, MapSet.put(seen, next)}}
-            true -> {next, {(Map.get(children, next, []) -- excluded) ++ rest, MapSet.put(seen, next)}}
-          end
-      end)
-      |> Enum.reject(&is_nil/1)
     end
 
     defp window(nil), do: {:ok, nil}

@@ -10,14 +10,14 @@ defmodule ExlaRs.Bumblebee.Layer do
     @doc """
     The fused attention. Inputs, in order: query, key, value (`{b, s, heads,
     head_dim}`; key/value may have fewer heads), Bumblebee's optional key mask,
-    head mask, bias and offset, the dropout key (a `u32 {2}` in training mode with a
-    rate; otherwise any tensor, unread), and Bumblebee's own dropped attention
-    weights and value, which are read only when the model is built with
-    `output_attentions: true` (then the returned weights must be the ones that
-    made the output, so the block runs unfused: `opts[:unfused]`, Bumblebee's
-    own output function).
+    head mask, bias and offset, Bumblebee's own dropped attention weights and
+    value, which are read only when the model is built with `output_attentions:
+    true` (then the returned weights must be the ones that made the output, so the
+    block runs unfused: `opts[:unfused]`, Bumblebee's own output function), and the
+    dropout key (a `u32 {2}` in training mode with a rate; otherwise any tensor,
+    unread).
     """
-    def attention(q, k, v, key_mask, head_mask, bias, offset, dropout_key, weights, value, opts) do
+    def attention(q, k, v, key_mask, head_mask, bias, offset, weights, value, dropout_key, opts) do
       if opts[:output_attentions] do
         opts[:unfused].(weights, value, [])
       else
