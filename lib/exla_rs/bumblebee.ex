@@ -24,7 +24,7 @@ defmodule ExlaRs.Bumblebee do
     notes (a query that sees no key gets 0 here, Bumblebee's mean of V there).
     """
 
-    alias ExlaRs.Bumblebee.{Graph, Layer}
+    alias ExlaRs.Bumblebee.{Graph, Report, Rewrite}
 
     @typedoc "What `swap_attention/2` did."
     @type report :: %{
@@ -85,6 +85,14 @@ defmodule ExlaRs.Bumblebee do
       chains = Graph.attentions(model)
       {fusable, skipped} = Enum.split_with(chains, &is_nil(&1.problem))
 
+      report = Report.build(fusable, skipped, model.nodes, opts[:gqa])
+
+      if opts[:strict] and skipped != [] do
+        raise ArgumentError,
+              "ExlaRs.Bumblebee.swap_attention/2 (strict: true): #{length(skipped)} attention(s) left unfused: " <>
+                Enum.map_join(report.skipped, "; ", &"#{&1.name || "unnamed"}: #{&1.reason}")
+      end
+
       plans =
         fusable
         |> Enum.with_index()
@@ -94,18 +102,10 @@ defmodule ExlaRs.Bumblebee do
         Axon.rewrite_nodes(model, fn %Axon.Node{id: id} ->
           case plans do
             # Built on the graph as rewritten so far (rewrite_nodes takes the map we return).
-            %{^id => plan} -> fn [dropped, _value], _output -> fused(plan, dropped.nodes, opts[:gqa]) end
+            %{^id => plan} -> fn [dropped, _value], _output -> Rewrite.fused(plan, dropped.nodes, opts[:gqa]) end
             _ -> :skip
           end
         end)
-
-      report = report(fusable, skipped, model.nodes, opts[:gqa])
-
-      if opts[:strict] and skipped != [] do
-        raise ArgumentError,
-              "ExlaRs.Bumblebee.swap_attention/2 (strict: true): #{length(skipped)} attention(s) left unfused: " <>
-                Enum.map_join(report.skipped, "; ", &"#{&1.name || "unnamed"}: #{&1.reason}")
-      end
 
       {swapped, report}
     end
@@ -147,112 +147,6 @@ defmodule ExlaRs.Bumblebee do
       opts
     end
 
-    # The fused layer for one chain, built from the original graph's nodes. Its
-    # policy and hooks are the original output layer's (mixed precision applied
-    # before the swap still holds).
-    defp fused(plan, nodes, gqa?) do
-      at = fn id -> %Axon{output: id, nodes: nodes} end
-      query = at.(plan.query)
-
-      {key, value} =
-        case gqa? && plan.gqa do
-          {k, v} -> {ungrouped(k, nodes), ungrouped(v, nodes)}
-          _ -> {at.(plan.key), at.(plan.value)}
-        end
-
-      dropout_key =
-        if plan.dropout_rate > 0 do
-          state =
-            Axon.param("key", {2},
-              type: {:u, 32},
-              initializer: fn _, _ -> Nx.Random.key(plan.seed) end,
-              kind: :state
-            )
-
-          Axon.layer(&Layer.dropout_key/3, [query, state],
-            name: plan.name && plan.name <> ".fused_attention_dropout",
-            op_name: :exla_rs_attention_dropout_key,
-            mode: :train
-          )
-        else
-          query
-        end
-
-      original = nodes[plan.id]
-
-      # The dropout key comes last: Axon 0.8 threads the training state through a
-      # layer's inputs in order, and an input it has already computed elsewhere (all
-      # the others here) hands back the state of that earlier computation, dropping
-      # what the inputs before it added. Last, the key's new state survives this layer.
-      inputs =
-        [query, key, value] ++
-          Enum.map([plan.key_mask, plan.head_mask, plan.bias, plan.offset], at) ++
-          [at.(plan.dropped), at.(plan.value), dropout_key]
-
-      %Axon{output: id} =
-        layer =
-        Axon.layer(&Layer.attention/11, inputs,
-          name: plan.name && plan.name <> ".fused_attention",
-          op_name: :exla_rs_attention,
-          global_options: [:output_attentions],
-          causal: plan.causal,
-          window_size: plan.window_size,
-          scale: plan.scale,
-          dropout_rate: plan.dropout_rate,
-          unfused: original.op
-        )
-
-      update_in(layer.nodes[id], &%{&1 | policy: original.policy, hooks: original.hooks})
-    end
-
-    # The key or value before Bumblebee's repeat: the repeat's input, or (behind a KV
-    # cache) an `if_present` that takes the cache when there is one and the unrepeated
-    # heads otherwise, with Bumblebee's own if_present function.
-    defp ungrouped({:direct, source}, nodes), do: %Axon{output: source, nodes: nodes}
-
-    defp ungrouped({:if_present, id, source}, nodes) do
-      %Axon.Node{op: op, parent: [condition, on_true, _on_false]} = nodes[id]
-      at = fn id -> %Axon{output: id, nodes: nodes} end
-      Axon.layer(op, [at.(condition), at.(on_true), Axon.optional(at.(source))], op_name: :if_present)
-    end
-
-    defp report(fusable, skipped, nodes, gqa?) do
-      blocks =
-        for chain <- fusable do
-          features =
-            for {feature, id} <- [key_mask: chain.key_mask, bias: chain.bias, head_mask: chain.head_mask, offset: chain.offset],
-                present?(nodes, id),
-                do: feature
-
-          features =
-            features ++
-              if(chain.dropout_rate > 0, do: [:dropout], else: []) ++ if(gqa? and chain.gqa, do: [:gqa], else: [])
-
-          %{name: chain.name, kind: kind(chain), features: features}
-        end
-
-      %{
-        swapped: length(fusable),
-        kinds: Enum.frequencies_by(blocks, & &1.kind),
-        features: blocks |> Enum.flat_map(& &1.features) |> Enum.frequencies(),
-        blocks: blocks,
-        weights_output: for(chain <- fusable, chain.weights_output, do: chain.name),
-        skipped: Enum.map(skipped, &%{name: &1.name, reason: &1.problem})
-      }
-    end
-
-    defp kind(%{causal: true, window_size: nil}), do: :causal
-    defp kind(%{causal: true}), do: :causal_sliding_window
-    defp kind(%{window_size: nil}), do: :bidirectional
-    defp kind(_), do: :sliding_window
-
-    # An optional input is there unless Bumblebee passed `Layers.none()` for it.
-    defp present?(nodes, id) do
-      case nodes[id] do
-        %Axon.Node{op: :optional, parent: [inner]} -> nodes[inner].op_name != :none
-        _ -> true
-      end
-    end
   else
     @moduledoc false
   end

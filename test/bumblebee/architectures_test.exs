@@ -64,7 +64,7 @@ defmodule ExlaRs.BumblebeeArchitecturesTest do
               worst -> max(worst, Harness.assert_close!(got[path], w, [], "gradient #{Enum.join(path, "/")}", tolerance))
             end
 
-          note(@entry.name, "gradients max abs diff", worst)
+          note(@entry.name, "gradients max abs diff", {worst, :largest_gradient, scale})
         end
       end
 
