@@ -236,6 +236,19 @@ defmodule ExlaRs.BumblebeeSwapTest do
     end
   end
 
+  test "a chain that is not Bumblebee's (no Axon.dropout between weights and output) is left alone" do
+    model =
+      Axon.map_nodes(attention_model([]), fn
+        %Axon.Node{op: :dropout} = node -> %{node | op: fn x, _key, _opts -> x end, op_name: :custom}
+        node -> node
+      end)
+
+    {swapped, report} = ExlaRs.Bumblebee.swap_attention(model)
+    assert report.swapped == 0
+    assert [%{name: nil, reason: "its attention weights do not reach the output through Axon.dropout"}] = report.skipped
+    assert swapped == model
+  end
+
   test "a model without Bumblebee attention is returned as it is" do
     model = Axon.input("x") |> Axon.dense(4)
     assert {^model, %{swapped: 0, skipped: [], blocks: []}} = ExlaRs.Bumblebee.swap_attention(model)
