@@ -30,6 +30,23 @@ defmodule ExlaRs.MixProject do
     ]
   end
 
+  # Bumblebee's own runtime dependencies, each added (as a local override) only when its
+  # EXLA_RS_<APP>_PATH is set: offline, hex cannot resolve them, as with complex and polaris.
+  @bumblebee_tree [
+    :tokenizers,
+    :rustler_precompiled,
+    :rustler,
+    :castore,
+    :nx_image,
+    :unpickler,
+    :safetensors,
+    :jason,
+    :unzip,
+    :progress_bar,
+    :decimal,
+    :nx_signal
+  ]
+
   # Nx, EXLA and Axon are optional: exla_rs compiles its Nx layer, its `EXLA.CustomCall`
   # implementation and its Axon layer only when the user's project has them. Declaring them
   # (rather than probing whatever the VM holds) makes Mix compile them before exla_rs and put
@@ -47,8 +64,16 @@ defmodule ExlaRs.MixProject do
       dep(:exla, "~> 0.13", optional: true),
       dep(:axon, "~> 0.8", optional: true),
       # Registration emits [:exla_rs, :register] while the :telemetry application runs.
-      dep(:telemetry, "~> 0.4 or ~> 1.0", optional: true)
-    ] ++ for(app <- [:complex, :polaris], path = local_path(app), do: {app, path: path, override: true, optional: true})
+      dep(:telemetry, "~> 0.4 or ~> 1.0", optional: true),
+      # ExlaRs.Bumblebee.swap_attention/2. Bumblebee 0.7.0 asks Nx ~> 0.12.0: a project with
+      # both (ours in its tests, or a user's) overrides Nx to 0.13 (its attention runs on it).
+      dep(:bumblebee, "~> 0.7", optional: true)
+    ] ++
+      for(
+        app <- [:complex, :polaris | @bumblebee_tree],
+        path = local_path(app),
+        do: {app, path: path, override: true, optional: true}
+      )
   end
 
   defp dep(app, requirement, opts) do

@@ -67,6 +67,8 @@ step "CUDA sm90 kernel emulation" "$EXLA_RS_VENVS/jax-0.10.2/bin/python" native/
 step "CUDA kernels: SASS statistics, no spills" "$EXLA_RS_VENVS/jax-0.10.2/bin/python" native/exla_rs/kernels/sass_stats.py --check-spills
 # The README's main job, small: it must run to its check and its timings.
 step "demo (scripts/demo.py, S=256)" "$EXLA_RS_VENVS/jax-0.10.2/bin/python" scripts/demo.py --seq 256 --repeats 1
+# The Bumblebee serving test's tokenizer.json is what scripts/make_test_tokenizer.py makes.
+step "test tokenizer.json up to date" "$EXLA_RS_VENVS/tokenizers/bin/python" scripts/make_test_tokenizer.py --check
 # ExUnit on Elixir >= 1.17 with real Nx, EXLA's Elixir side and Axon as Mix dependencies
 # (scripts/elixir.sh), the user-project test included: nothing is excluded.
 source scripts/elixir.sh
