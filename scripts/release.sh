@@ -2,7 +2,7 @@
 # Builds a release of exla_rs: the precompiled NIFs RustlerPrecompiled downloads, their checksum
 # file, and the Hex package.
 #
-#   scripts/release.sh [--out DIR] [--nif-versions "2.15 2.16 2.17"] [--no-package]
+#   scripts/release.sh [--out DIR] [--nif-versions "2.15 2.16 2.17"] [--no-package | --package-only]
 #
 # Writes into DIR (default _release/v<version>, ignored by git):
 #   libexla_rs_nif-v<version>-nif-<N>-x86_64-unknown-linux-gnu.so.tar.gz   one per NIF version
@@ -23,12 +23,13 @@ source scripts/env.sh
 
 nif_versions="2.15 2.16 2.17"
 out=""
-package=1
+package=1 artifacts=1
 while (($#)); do
   case $1 in
     --out) out=$2; shift 2 ;;
     --nif-versions) nif_versions=$2; shift 2 ;;
     --no-package) package=0; shift ;;
+    --package-only) artifacts=0; shift ;;   # re-package with the artifacts and checksum file already in DIR
     *) echo "release.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -65,36 +66,76 @@ pack() { # pack DIR FILE TARBALL
   tar -C "$1" --owner=0 --group=0 --numeric-owner --mode=0644 --mtime=@0 -cf - "$2" | gzip -9n >"$3"
 }
 
-# check_kernels SO: every cubin and the PTX the default architecture list asks for is inside.
+# check_kernels SO: every kernel file's fatbin is inside (build.rs embeds them as data, so
+# cuobjdump does not see them in the library itself): cut each fatbin out by its header (magic
+# 0xBA55ED50, u16 version, u16 header size, u64 payload size) and list its images. Each of the 37
+# kernel files must be there, with sm_80, sm_86, sm_89 and sm_90 cubins and compute_90 PTX for
+# the mma.sync set, and sm_90a cubins for the sm90 set.
 check_kernels() {
-  local elf ptx want
-  elf=$("$cuobjdump" --list-elf "$1" 2>/dev/null || true)
-  ptx=$("$cuobjdump" --list-ptx "$1" 2>/dev/null || true)
-  for want in sm_80 sm_86 sm_89 sm_90 sm_90a; do
-    grep -q "\.$want\.cubin" <<<"$elf" || { echo "release.sh: $1 has no $want cubin" >&2; return 1; }
+  local dir=$stage/fatbins
+  rm -rf "$dir" && mkdir -p "$dir"
+  python3 - "$1" "$dir" <<'PY'
+import struct, sys
+data, out, n, at = open(sys.argv[1], "rb").read(), sys.argv[2], 0, 0
+while (at := data.find(struct.pack("<I", 0xBA55ED50), at)) >= 0:
+    version, header, size = struct.unpack_from("<HHQ", data, at + 4)
+    if version == 1 and header == 16 and 0 < size < len(data):
+        open(f"{out}/{n:03}.fatbin", "wb").write(data[at:at + header + size])
+        n, at = n + 1, at + header + size
+    else:
+        at += 4
+PY
+  local f elf ptx all_elf="" all_ptx="" files=0
+  for f in "$dir"/*.fatbin; do
+    [[ -e $f ]] || break
+    files=$((files + 1))
+    elf=$("$cuobjdump" --list-elf "$f" 2>/dev/null || true)
+    ptx=$("$cuobjdump" --list-ptx "$f" 2>/dev/null || true)
+    all_elf+=$elf$'\n' all_ptx+=$ptx$'\n'
   done
-  grep -q "\.sm_90\.ptx" <<<"$ptx" || { echo "release.sh: $1 has no compute_90 PTX" >&2; return 1; }
-  echo "  kernels: $(grep -c cubin <<<"$elf") cubins ($(grep -o 'sm_[0-9a]*\.cubin' <<<"$elf" | sort -u | tr '\n' ' ')), $(grep -c ptx <<<"$ptx") PTX"
+  local want=$(ls native/exla_rs/kernels/inst/*.cu native/exla_rs/kernels/sm90/inst/*.cu | wc -l)
+  local mma=$(ls native/exla_rs/kernels/inst/*.cu | wc -l) sm90=$(ls native/exla_rs/kernels/sm90/inst/*.cu | wc -l)
+  ((files == want)) || { echo "release.sh: $1 holds $files kernel fatbins, not $want" >&2; return 1; }
+  local arch count
+  for arch in sm_80 sm_86 sm_89 sm_90 sm_90a; do
+    count=$(grep -c "\.$arch\.cubin" <<<"$all_elf" || true)
+    [[ $arch == sm_90a ]] && need=$sm90 || need=$mma
+    ((count >= need)) || { echo "release.sh: $1 has $count $arch cubins, not $need" >&2; return 1; }
+  done
+  count=$(grep -c "\.sm_90\.ptx" <<<"$all_ptx" || true)
+  ((count >= mma)) || { echo "release.sh: $1 has $count compute_90 PTX images, not $mma" >&2; return 1; }
+  echo "  kernels: $files fatbins, $(grep -c cubin <<<"$all_elf") cubins ($(grep -o 'sm_[0-9a]*\.cubin' <<<"$all_elf" | sort | uniq -c | awk '{printf "%s %s, ", $1, $2}' | sed 's/\.cubin//g; s/, $//')), $count PTX"
 }
 
 stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT
-checksums=()
-for nif in $nif_versions; do
-  feature=nif_version_${nif/./_}
-  name=libexla_rs_nif-v$version-nif-$nif-$target
-  echo "=== NIF $nif ($feature)"
-  start=$SECONDS
-  cargo build --release --manifest-path "$CARGO_MANIFEST" -p exla_rs_nif --no-default-features --features "$feature"
-  cp native/exla_rs/target/release/libexla_rs_nif.so "$stage/$name.so"
-  check_kernels "$stage/$name.so"
-  pack "$stage" "$name.so" "$out/$name.so.tar.gz"
-  sum=$(sha256sum "$out/$name.so.tar.gz" | cut -d' ' -f1)
-  checksums+=("  \"$name.so.tar.gz\" => \"sha256:$sum\",")
-  echo "  $name.so.tar.gz: $(stat -c %s "$out/$name.so.tar.gz") bytes (library $(stat -c %s "$stage/$name.so")), built in $((SECONDS - start)) s"
-done
-# The format RustlerPrecompiled writes and reads (an Elixir map, sorted by file name).
-printf '%%{\n%s\n}\n' "$(printf '%s\n' "${checksums[@]}" | sort)" >"$out/checksum-Elixir.ExlaRs.NIF.exs"
+build_artifacts() { # one artifact per NIF version, then the checksum file
+  checksums=()
+  # The crate's default (2.16) last: the source build of `mix compile` in this checkout then finds
+  # the library cargo left up to date instead of relinking it.
+  ordered=$(tr ' ' '\n' <<<"$nif_versions" | grep -v '^2\.16$' || true; grep -ow '2\.16' <<<"$nif_versions" || true)
+  for nif in $ordered; do
+    feature=nif_version_${nif/./_}
+    name=libexla_rs_nif-v$version-nif-$nif-$target
+    echo "=== NIF $nif ($feature)"
+    start=$SECONDS
+    cargo build --release --manifest-path "$CARGO_MANIFEST" -p exla_rs_nif --no-default-features --features "$feature"
+    cp native/exla_rs/target/release/libexla_rs_nif.so "$stage/$name.so"
+    check_kernels "$stage/$name.so"
+    pack "$stage" "$name.so" "$out/$name.so.tar.gz"
+    sum=$(sha256sum "$out/$name.so.tar.gz" | cut -d' ' -f1)
+    checksums+=("  \"$name.so.tar.gz\" => \"sha256:$sum\",")
+    echo "  $name.so.tar.gz: $(stat -c %s "$out/$name.so.tar.gz") bytes (library $(stat -c %s "$stage/$name.so")), built in $((SECONDS - start)) s"
+  done
+  # The format RustlerPrecompiled writes and reads (an Elixir map, sorted by file name).
+  printf '%%{\n%s\n}\n' "$(printf '%s\n' "${checksums[@]}" | sort)" >"$out/checksum-Elixir.ExlaRs.NIF.exs"
+}
+if ((artifacts)); then
+  build_artifacts
+elif [[ ! -f $out/checksum-Elixir.ExlaRs.NIF.exs ]]; then
+  echo "release.sh: --package-only needs $out/checksum-Elixir.ExlaRs.NIF.exs from an earlier run" >&2
+  exit 1
+fi
 echo "=== $out/checksum-Elixir.ExlaRs.NIF.exs"
 cat "$out/checksum-Elixir.ExlaRs.NIF.exs"
 

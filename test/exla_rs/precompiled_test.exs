@@ -57,11 +57,17 @@ defmodule ExlaRs.PrecompiledTest do
       :ok = :erl_tar.extract(Path.join(release, name <> ".tar.gz"), [:compressed, cwd: String.to_charlist(dir)])
       lib = Path.join(dir, Path.rootname(name, ".so"))
 
+      # load_nif/2 wants a module of the library's name with every NIF defined.
       script = """
       defmodule ExlaRs.NIF do
-        def load(path), do: :erlang.load_nif(String.to_charlist(path), 0)
+        for {name, arity} <- #{inspect(ExlaRs.NIF.__info__(:functions))} do
+          def unquote(name)(unquote_splicing(Macro.generate_arguments(arity, __MODULE__))), do: :stub
+        end
+
+        def load_for_test(path), do: :erlang.load_nif(String.to_charlist(path), 0)
       end
-      IO.inspect(ExlaRs.NIF.load(#{inspect(lib)}))
+
+      IO.inspect(ExlaRs.NIF.load_for_test(#{inspect(lib)}))
       """
 
       {out, 0} = System.cmd(elixir(), ["-e", script], stderr_to_stdout: true)
@@ -103,6 +109,7 @@ defmodule ExlaRs.PrecompiledTest do
     assert out =~ "could not download the precompiled NIF from #{url}"
     assert out =~ "EXLA_RS_BUILD=1"
     assert_nothing_installed(project, cache, file)
+    show("unreachable server", out)
 
     # 2. A tampered artifact: the checksum named, how to recover, nothing installed or cached.
     {:ok, server} = start_server(docroot, port)
@@ -117,6 +124,7 @@ defmodule ExlaRs.PrecompiledTest do
     assert out =~ "mix deps.compile exla_rs"
     assert out =~ "EXLA_RS_BUILD=1"
     assert_nothing_installed(project, cache, file)
+    show("tampered artifact", out)
 
     # 3. The real artifact: downloaded once, verified, loaded; status, PJRT registration and
     #    attention work (test/user_project/precompiled_check.exs).
@@ -201,6 +209,12 @@ defmodule ExlaRs.PrecompiledTest do
       {"MIX_BUILD_PATH", nil},
       {"MIX_DEPS_PATH", nil}
     ]
+  end
+
+  # What the user reads: the compile error, for the test log.
+  defp show(what, out) do
+    [_, error] = String.split(out, "** (RuntimeError) ", parts: 2)
+    IO.puts("\n[precompiled] #{what}:\n" <> (error |> String.split("\n    lib/") |> hd()))
   end
 
   defp mix(dir, args, env) do

@@ -26,9 +26,10 @@ IO.puts("kernels: #{inspect(archs)} + PTX #{status.kernels.ptx_arch}, nvcc #{sta
 
 # The handlers register into a real XLA: the PJRT CPU plugin, as XLA itself answers.
 plugin = System.fetch_env!("EXLA_RS_PJRT_PLUGIN")
-{:ok, _} = ExlaRs.load_pjrt_plugin(plugin)
+{:ok, info} = ExlaRs.load_pjrt_plugin(plugin)
 {:ok, runtimes} = ExlaRs.register()
-rt = Enum.find(runtimes, &(&1.path == Path.expand(plugin)))
+# (info.path is the path the plugin is mapped at, symbolic links resolved.)
+rt = Enum.find(runtimes, &(&1.path == info.path))
 check.(match?(%{state: :registered, verified: true}, rt), "plugin registration: #{inspect(rt)}")
 
 for t <- ["exla_rs_flash_attn_fwd", "exla_rs_flash_attn_bwd"], p <- ["Host", "CUDA"] do

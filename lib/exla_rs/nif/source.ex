@@ -128,11 +128,17 @@ defmodule ExlaRs.NIF.Source do
 
   defp download_failure(text, module, opts) do
     {_file, url} = current_artifact(module)
+    # RustlerPrecompiled's text: "...couldn't fetch NIF from URL: REASON.\n\nYou can force...".
+    reason =
+      case Regex.run(~r/couldn't fetch NIF from \S+: (.*?)\.?\n/s, text <> "\n") do
+        [_, reason] -> reason
+        nil -> String.trim(text)
+      end
 
     """
     could not download the precompiled NIF from #{url}
-    (#{String.trim(text)}). Nothing was installed.
-    The base URL is #{elem(opts[:base_url], 0)}; point it at a reachable copy of the exla_rs
+    (#{reason}). Nothing was installed.
+    The base URL is #{opts[:base_url]}; point it at a reachable copy of the exla_rs
     #{opts[:version]} release files with #{@url_var}=URL or `config :exla_rs,
     :precompiled_base_url, URL` (a mirror, or a local directory served over HTTP), then run
     `mix deps.compile exla_rs`. #{how_to_build()}
