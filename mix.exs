@@ -68,8 +68,15 @@ defmodule ExlaRs.MixProject do
         Reference: ~r"docs/flash-attention-contract"
       ],
       groups_for_modules: [
-        "Nx and Axon": [ExlaRs.Attention, ExlaRs.Axon, ExlaRs.CustomCall],
-        Runtime: [ExlaRs.Registration, ExlaRs.RegistrationError, ExlaRs.Status, ExlaRs.Status.Formatter, ExlaRs.NIF]
+        "Nx and Axon": [~r/^ExlaRs\.Attention/, ExlaRs.Axon, ExlaRs.CustomCall],
+        Runtime: [
+          ExlaRs.Application,
+          ExlaRs.Registration,
+          ExlaRs.RegistrationError,
+          ExlaRs.Status,
+          ExlaRs.Status.Formatter,
+          ExlaRs.NIF
+        ]
       ],
       assets: %{"docs/assets" => "assets"}
     ]

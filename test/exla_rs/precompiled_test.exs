@@ -137,6 +137,8 @@ defmodule ExlaRs.PrecompiledTest do
     {out, status} = mix(project, ["run", Path.join(@repo, "test/user_project/precompiled_check.exs")], env)
     assert status == 0, out
     assert out =~ "PRECOMPILED OK"
+    # What `mix exla_rs.status` shows such a user, for the test log.
+    IO.puts("\n[precompiled] status:\n" <> (out |> String.split("exla_rs #{@version}\n", parts: 2) |> List.last() |> String.split("kernels: [") |> hd()))
 
     IO.puts(
       "\n[precompiled] #{file}: #{byte_size(artifact)} bytes; download + sha256 " <>

@@ -5,7 +5,12 @@ defmodule ExlaRs.UserProjectTest do
   # flow compiles that project with the `mix` running these tests, then runs
   # test/user_project/check.exs in it: the Nx layer, the EXLA.CustomCall implementation and
   # the Axon layer must be there exactly when their libraries are, in every compile order.
-  use ExUnit.Case, async: true
+  #
+  # Not async: a checkout of exla_rs builds its NIF from source (no checksum file), and each of
+  # these projects compiling it runs Rustler, which copies the library into the checkout's
+  # priv/native (remove, then copy: not atomic); a project loading it during another's copy
+  # would read a partial file.
+  use ExUnit.Case, async: false
 
   @moduletag :user_project
   @moduletag :pjrt_plugin
@@ -17,6 +22,12 @@ defmodule ExlaRs.UserProjectTest do
   # The libraries a project may have, with the hex requirement a user would write; each one
   # with EXLA_RS_<APP>_PATH set is a path dependency instead (Nx's and Axon's own deps too).
   @libraries [
+    # Every project: RustlerPrecompiled, and Rustler for the source build a checkout does
+    # (a user of a git checkout adds {:rustler, "~> 0.38"} too).
+    rustler_precompiled: nil,
+    castore: nil,
+    rustler: "~> 0.38",
+    jason: nil,
     nx: "~> 0.13",
     exla: "~> 0.13",
     axon: "~> 0.8",
@@ -71,7 +82,7 @@ defmodule ExlaRs.UserProjectTest do
   # The project's mix.exs, as a user writes it. Nx's own deps (complex, telemetry) and Axon's
   # (polaris) appear only as local overrides, never as the user's direct requirements.
   defp write_project(dir, exla_rs: exla_rs?, libs: libs) do
-    wanted = libs ++ if(:nx in libs, do: [:complex, :telemetry], else: []) ++ if(:axon in libs, do: [:polaris], else: [])
+    wanted = [:rustler_precompiled, :castore, :rustler, :jason] ++ libs ++ if(:nx in libs, do: [:complex, :telemetry], else: []) ++ if(:axon in libs, do: [:polaris], else: [])
 
     deps =
       for {app, requirement} <- @libraries, app in wanted, dep = dep(app, requirement), do: dep
