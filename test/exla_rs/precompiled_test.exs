@@ -10,21 +10,29 @@ defmodule ExlaRs.PrecompiledTest do
   @moduletag timeout: 900_000
 
   @repo Path.expand("../..", __DIR__)
+  alias ExlaRs.UserProject
   @version Mix.Project.config()[:version]
   @target "x86_64-unknown-linux-gnu"
 
   setup_all do
     release = System.fetch_env!("EXLA_RS_RELEASE_DIR")
-    tmp = Path.join(System.tmp_dir!(), "exla_rs_precompiled_#{System.unique_integer([:positive])}")
+
+    tmp =
+      Path.join(System.tmp_dir!(), "exla_rs_precompiled_#{System.unique_integer([:positive])}")
+
     File.mkdir_p!(tmp)
     on_exit(fn -> File.rm_rf!(tmp) end)
 
-    package = unpack_package!(Path.join(release, "exla_rs-#{@version}.tar"), Path.join(tmp, "exla_rs"))
+    package =
+      unpack_package!(Path.join(release, "exla_rs-#{@version}.tar"), Path.join(tmp, "exla_rs"))
+
     %{release: release, tmp: tmp, package: package}
   end
 
   test "the Hex package holds exactly what users need", %{package: package} do
-    files = package |> Path.join("**") |> Path.wildcard(match_dot: true) |> Enum.reject(&File.dir?/1)
+    files =
+      package |> Path.join("**") |> Path.wildcard(match_dot: true) |> Enum.reject(&File.dir?/1)
+
     files = Enum.map(files, &Path.relative_to(&1, package))
 
     for f <- ~w(mix.exs README.md LICENSE checksum-Elixir.ExlaRs.NIF.exs lib/exla_rs/nif.ex
@@ -34,15 +42,25 @@ defmodule ExlaRs.PrecompiledTest do
     end
 
     # Nothing for developers only: no tests, benchmarks, scripts, build output or tooling.
-    extra = Enum.filter(files, &String.match?(&1, ~r"^(test|bench|scripts|_build|deps|priv)/|/tests/|/target/|\.py$"))
+    extra =
+      Enum.filter(
+        files,
+        &String.match?(&1, ~r"^(test|bench|scripts|_build|deps|priv)/|/tests/|/target/|\.py$")
+      )
+
     assert extra == []
-    assert Enum.all?(files, &String.match?(&1, ~r"^(lib/|native/exla_rs/|[^/]+$)")), inspect(files)
+
+    assert Enum.all?(files, &String.match?(&1, ~r"^(lib/|native/exla_rs/|[^/]+$)")),
+           inspect(files)
 
     # Its checksum file names one artifact per NIF version users run.
     {checksums, _} = Code.eval_file(Path.join(package, "checksum-Elixir.ExlaRs.NIF.exs"))
 
     assert Enum.sort(Map.keys(checksums)) ==
-             for(n <- ~w(2.15 2.16 2.17), do: "libexla_rs_nif-v#{@version}-nif-#{n}-#{@target}.so.tar.gz")
+             for(
+               n <- ~w(2.15 2.16 2.17),
+               do: "libexla_rs_nif-v#{@version}-nif-#{n}-#{@target}.so.tar.gz"
+             )
 
     assert Enum.all?(Map.values(checksums), &String.match?(&1, ~r/^sha256:[0-9a-f]{64}$/))
   end
@@ -54,7 +72,13 @@ defmodule ExlaRs.PrecompiledTest do
     for n <- ~w(2.15 2.16 2.17) do
       name = "libexla_rs_nif-v#{@version}-nif-#{n}-#{@target}.so"
       dir = Path.join(tmp, "load-#{n}")
-      :ok = :erl_tar.extract(Path.join(release, name <> ".tar.gz"), [:compressed, cwd: String.to_charlist(dir)])
+
+      :ok =
+        :erl_tar.extract(Path.join(release, name <> ".tar.gz"), [
+          :compressed,
+          cwd: String.to_charlist(dir)
+        ])
+
       lib = Path.join(dir, Path.rootname(name, ".so"))
 
       # load_nif/2 wants a module of the library's name with every NIF defined.
@@ -95,12 +119,15 @@ defmodule ExlaRs.PrecompiledTest do
     base = "http://127.0.0.1:#{port}/v#{@version}"
     env = user_env(cache, base)
 
-    file = "libexla_rs_nif-v#{@version}-nif-#{:erlang.system_info(:nif_version)}-#{@target}.so.tar.gz"
+    file =
+      "libexla_rs_nif-v#{@version}-nif-#{:erlang.system_info(:nif_version)}-#{@target}.so.tar.gz"
+
     url = "#{base}/#{file}"
     artifact = File.read!(Path.join(release, file))
 
     # The user's PATH has neither cargo nor rustc.
-    assert {"none\n", 0} = System.cmd("sh", ["-c", "command -v cargo rustc || echo none"], env: env)
+    assert {"none\n", 0} =
+             System.cmd("sh", ["-c", "command -v cargo rustc || echo none"], env: env)
 
     # 1. The server is down: the URL and EXLA_RS_BUILD=1 in the message, nothing installed.
     :ok = :inets.stop(:httpd, server)
@@ -134,11 +161,20 @@ defmodule ExlaRs.PrecompiledTest do
     assert status == 0, out
     assert File.exists?(Path.join(cache, file)), "the verified download is cached"
 
-    {out, status} = mix(project, ["run", Path.join(@repo, "test/user_project/precompiled_check.exs")], env)
+    {out, status} =
+      mix(project, ["run", Path.join(@repo, "test/user_project/precompiled_check.exs")], env)
+
     assert status == 0, out
     assert out =~ "PRECOMPILED OK"
     # What `mix exla_rs.status` shows such a user, for the test log.
-    IO.puts("\n[precompiled] status:\n" <> (out |> String.split("exla_rs #{@version}\n", parts: 2) |> List.last() |> String.split("kernels: [") |> hd()))
+    IO.puts(
+      "\n[precompiled] status:\n" <>
+        (out
+         |> String.split("exla_rs #{@version}\n", parts: 2)
+         |> List.last()
+         |> String.split("kernels: [")
+         |> hd())
+    )
 
     IO.puts(
       "\n[precompiled] #{file}: #{byte_size(artifact)} bytes; download + sha256 " <>
@@ -156,32 +192,18 @@ defmodule ExlaRs.PrecompiledTest do
     dir
   end
 
+  # As a user writes it (with the offline toolchain's trees standing in for hex.pm).
   defp write_project!(dir, package) do
-    File.mkdir_p!(Path.join(dir, "lib"))
-    File.write!(Path.join(dir, "lib/user_app.ex"), "defmodule UserApp do\nend\n")
-
-    # As a user writes it (with the offline toolchain's trees standing in for hex.pm).
     deps =
-      [{:exla_rs, path: package}] ++
-        for app <- [:rustler_precompiled, :castore, :nx, :complex, :telemetry, :exla],
-            path = ExlaRs.MixProject.local_path(app),
-            do: {app, path: path, override: true}
+      for app <- [:rustler_precompiled, :castore, :nx, :complex, :telemetry, :exla],
+          dep = UserProject.dep(app, if(app in [:nx, :exla], do: "~> 0.13")),
+          do: dep
 
-    File.write!(Path.join(dir, "mix.exs"), """
-    defmodule UserApp.MixProject do
-      use Mix.Project
-
-      def project do
-        [app: :user_app, version: "0.1.0", elixir: "~> 1.17", deps: #{inspect(deps)}]
-      end
-
-      def application, do: [extra_applications: [:logger]]
-    end
-    """)
+    UserProject.write!(dir, [{:exla_rs, path: package} | deps])
 
     if ExlaRs.MixProject.local_path(:nx) == nil do
-      {out, 0} = System.cmd(mix_executable(), ["deps.get"], cd: dir, stderr_to_stdout: true)
-      out
+      {_, 0} =
+        System.cmd(UserProject.mix_executable(), ["deps.get"], cd: dir, stderr_to_stdout: true)
     end
   end
 
@@ -190,7 +212,9 @@ defmodule ExlaRs.PrecompiledTest do
     path =
       System.get_env("PATH")
       |> String.split(":")
-      |> Enum.reject(fn d -> File.exists?(Path.join(d, "cargo")) or File.exists?(Path.join(d, "rustc")) end)
+      |> Enum.reject(fn d ->
+        File.exists?(Path.join(d, "cargo")) or File.exists?(Path.join(d, "rustc"))
+      end)
       |> Enum.join(":")
 
     [
@@ -220,7 +244,7 @@ defmodule ExlaRs.PrecompiledTest do
   end
 
   defp mix(dir, args, env) do
-    System.cmd(mix_executable(), args, cd: dir, env: env, stderr_to_stdout: true)
+    System.cmd(UserProject.mix_executable(), args, cd: dir, env: env, stderr_to_stdout: true)
   end
 
   defp assert_nothing_installed(project, cache, file) do
@@ -255,6 +279,5 @@ defmodule ExlaRs.PrecompiledTest do
 
   defp sha256(data), do: :crypto.hash(:sha256, data) |> Base.encode16(case: :lower)
 
-  defp mix_executable, do: System.find_executable("mix") || flunk("no mix on PATH")
   defp elixir, do: System.find_executable("elixir") || flunk("no elixir on PATH")
 end

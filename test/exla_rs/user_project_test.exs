@@ -17,6 +17,7 @@ defmodule ExlaRs.UserProjectTest do
   @moduletag timeout: 900_000
 
   @repo Path.expand("../..", __DIR__)
+  alias ExlaRs.UserProject
   @check Path.join(@repo, "test/user_project/check.exs")
 
   # The libraries a project may have, with the hex requirement a user would write; each one
@@ -38,8 +39,6 @@ defmodule ExlaRs.UserProjectTest do
 
   setup do
     dir = Path.join(System.tmp_dir!(), "exla_rs_user_#{System.unique_integer([:positive])}")
-    File.mkdir_p!(Path.join(dir, "lib"))
-    File.write!(Path.join(dir, "lib/user_app.ex"), "defmodule UserApp do\nend\n")
     on_exit(fn -> File.rm_rf!(dir) end)
     %{dir: dir}
   end
@@ -85,29 +84,9 @@ defmodule ExlaRs.UserProjectTest do
     wanted = [:rustler_precompiled, :castore, :rustler, :jason] ++ libs ++ if(:nx in libs, do: [:complex, :telemetry], else: []) ++ if(:axon in libs, do: [:polaris], else: [])
 
     deps =
-      for {app, requirement} <- @libraries, app in wanted, dep = dep(app, requirement), do: dep
+      for {app, requirement} <- @libraries, app in wanted, dep = UserProject.dep(app, requirement), do: dep
 
-    deps = if exla_rs?, do: [{:exla_rs, path: @repo} | deps], else: deps
-
-    File.write!(Path.join(dir, "mix.exs"), """
-    defmodule UserApp.MixProject do
-      use Mix.Project
-
-      def project do
-        [app: :user_app, version: "0.1.0", elixir: "~> 1.17", deps: #{inspect(deps)}]
-      end
-
-      def application, do: [extra_applications: [:logger]]
-    end
-    """)
-  end
-
-  defp dep(app, requirement) do
-    case ExlaRs.MixProject.local_path(app) do
-      nil when requirement == nil -> nil
-      nil -> {app, requirement}
-      path -> {app, path: path, override: true}
-    end
+    UserProject.write!(dir, if(exla_rs?, do: [{:exla_rs, path: @repo} | deps], else: deps))
   end
 
   defp check!(dir, have) do
@@ -131,14 +110,10 @@ defmodule ExlaRs.UserProjectTest do
   end
 
   defp run_mix(dir, args, env) do
-    {out, status} = System.cmd(mix_executable(), args, cd: dir, env: env, stderr_to_stdout: true)
+    {out, status} = System.cmd(UserProject.mix_executable(), args, cd: dir, env: env, stderr_to_stdout: true)
     assert status == 0, "mix #{Enum.join(args, " ")} in #{dir} exited #{status}:\n#{out}"
     out
   end
 
   defp hex_deps?, do: Enum.any?([:nx, :exla, :axon], &(ExlaRs.MixProject.local_path(&1) == nil))
-
-  defp mix_executable do
-    System.find_executable("mix") || flunk("no mix on PATH")
-  end
 end

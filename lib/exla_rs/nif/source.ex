@@ -71,9 +71,14 @@ defmodule ExlaRs.NIF.Source do
 
   defp build_reason(root) do
     cond do
-      System.get_env(@build_var) in ~w(1 true) -> "#{@build_var}=#{System.get_env(@build_var)}"
-      not File.exists?(checksum_file(root)) -> "no #{@checksum_file}: a source checkout, not a release"
-      true -> nil
+      System.get_env(@build_var) in ~w(1 true) ->
+        "#{@build_var}=#{System.get_env(@build_var)}"
+
+      not File.exists?(checksum_file(root)) ->
+        "no #{@checksum_file}: a source checkout, not a release"
+
+      true ->
+        nil
     end
   end
 
@@ -194,8 +199,8 @@ defmodule ExlaRs.NIF.Source do
       if Module.defines?(env.module, {:rustler_init, 0}),
         do: {:rustler_init, Module.get_attribute(env.module, :load_from), :source_build},
         else:
-          {:load_rustler_precompiled, Module.get_attribute(env.module, :rustler_precompiled_load_from),
-           :precompiled}
+          {:load_rustler_precompiled,
+           Module.get_attribute(env.module, :rustler_precompiled_load_from), :precompiled}
 
     quote do
       defoverridable [{unquote(loader), 0}]
