@@ -129,6 +129,15 @@ defmodule ExlaRs.PrecompiledTest do
     assert {"none\n", 0} =
              System.cmd("sh", ["-c", "command -v cargo rustc || echo none"], env: env)
 
+    # 0. A target with no artifact (RustlerPrecompiled reads the target from TARGET_ARCH, as
+    #    on Nerves): says which targets exist and how to build, downloads nothing.
+    {out, status} = mix(project, ["compile"], List.keystore(env, "TARGET_ARCH", 0, {"TARGET_ARCH", "aarch64"}))
+    assert status != 0
+    assert out =~ "aarch64-unknown-linux-gnu"
+    assert out =~ "exla_rs publishes precompiled NIFs for x86_64-unknown-linux-gnu"
+    assert out =~ "EXLA_RS_BUILD=1"
+    assert_nothing_installed(project, cache, file)
+
     # 1. The server is down: the URL and EXLA_RS_BUILD=1 in the message, nothing installed.
     :ok = :inets.stop(:httpd, server)
     {out, status} = mix(project, ["compile"], env)
@@ -231,6 +240,11 @@ defmodule ExlaRs.PrecompiledTest do
       {"HTTPS_PROXY", nil},
       {"https_proxy", nil},
       {"CARGO", nil},
+      # RustlerPrecompiled's cross-compile overrides (Nerves): this machine's own target.
+      {"TARGET_ARCH", nil},
+      {"TARGET_VENDOR", nil},
+      {"TARGET_OS", nil},
+      {"TARGET_ABI", nil},
       {"MIX_EXS", nil},
       {"MIX_BUILD_PATH", nil},
       {"MIX_DEPS_PATH", nil}
