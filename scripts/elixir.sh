@@ -38,6 +38,19 @@ exla_rs_elixir() {
       fi
       export EXLA_RS_TOKENIZERS_PATH=$copy TOKENIZERS_BUILD=true
     fi
+    # Packaging and docs: RustlerPrecompiled (+ castore), Rustler (+ jason) for source builds,
+    # ExDoc and its deps. earmark_parser writes src/*.erl into its own folder when compiled, so
+    # it gets a writable copy outside the repository.
+    for app in rustler_precompiled castore rustler jason ex_doc makeup makeup_elixir makeup_erlang nimble_parsec; do
+      [[ -d $tc/deps/$app ]] && export "EXLA_RS_${app^^}_PATH=$tc/deps/$app"
+    done
+    if [[ -d $tc/deps/earmark_parser ]]; then
+      local rw=${XDG_CACHE_HOME:-$HOME/.cache}/exla_rs/toolchain-rw
+      if [[ ! -f $rw/earmark_parser/mix.exs ]]; then
+        mkdir -p "$rw" && cp -r "$tc/deps/earmark_parser" "$rw/" && chmod -R u+w "$rw/earmark_parser" || return 1
+      fi
+      export EXLA_RS_EARMARK_PARSER_PATH=$rw/earmark_parser
+    fi
     if ! compgen -G "$MIX_HOME/archives/hex-*" >/dev/null; then
       mix archive.install --force "$(ls "$tc"/hex-*.ez | head -n 1)" >/dev/null || return 1
     fi
