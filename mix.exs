@@ -1,11 +1,10 @@
-# The native build step (cargo -> priv/native) is a Mix compiler that must exist before this
-# project compiles, so it lives in an .exs file loaded here rather than in lib/.
-Code.require_file("lib/mix/tasks/compile.exla_rs_native.exs", __DIR__)
-
 defmodule ExlaRs.MixProject do
   use Mix.Project
 
   @version "0.1.0"
+  # Where the project is published: its GitHub releases hold the precompiled NIFs
+  # (scripts/release.sh builds them), the default base URL of `ExlaRs.NIF`.
+  @source_url "https://github.com/exla-rs/exla_rs"
 
   def project do
     [
@@ -14,12 +13,13 @@ defmodule ExlaRs.MixProject do
       # What Nx and EXLA need; the Nx layer is the library's reason to exist.
       elixir: "~> 1.17",
       start_permanent: Mix.env() == :prod,
-      compilers: [:exla_rs_native] ++ Mix.compilers(),
       deps: deps(),
-      package: [
-        files:
-          ~w(lib native/exla_rs/Cargo.toml native/exla_rs/Cargo.lock native/exla_rs/crates native/exla_rs/kernels mix.exs)
-      ]
+      description:
+        "Fused flash-attention kernels (CPU and CUDA) for Nx programs compiled by EXLA, " <>
+          "as XLA custom calls; precompiled NIFs with every CUDA kernel inside.",
+      source_url: @source_url,
+      package: package(),
+      docs: docs()
     ]
   end
 
@@ -27,6 +27,72 @@ defmodule ExlaRs.MixProject do
     [
       mod: {ExlaRs.Application, []},
       extra_applications: [:logger]
+    ]
+  end
+
+  # Bumblebee's own runtime dependencies, each added (as a local override) only when its
+  # EXLA_RS_<APP>_PATH is set: offline, hex cannot resolve them, as with complex and polaris
+  # (rustler, rustler_precompiled, castore and jason are exla_rs's own dependencies, below).
+  @bumblebee_tree [
+    :tokenizers,
+    :nx_image,
+    :unpickler,
+    :safetensors,
+    :unzip,
+    :progress_bar,
+    :decimal,
+    :nx_signal
+  ]
+
+  # Exactly what a user's build needs: the Elixir sources, the checksum file of the precompiled
+  # NIFs, and the native sources a source build (EXLA_RS_BUILD=1) compiles: the crates'
+  # manifests, sources and build script, and the CUDA kernels. No tests, benchmarks, examples
+  # or kernel tooling. scripts/release.sh writes the checksum file into the staging copy it
+  # builds the package from.
+  defp package do
+    [
+      licenses: ["Apache-2.0"],
+      links: %{"GitHub" => @source_url, "Docs" => "https://hexdocs.pm/exla_rs"},
+      files: ~w(
+        lib mix.exs README.md LICENSE checksum-Elixir.ExlaRs.NIF.exs
+        native/exla_rs/Cargo.toml native/exla_rs/Cargo.lock
+        native/exla_rs/crates/*/Cargo.toml native/exla_rs/crates/*/src
+        native/exla_rs/crates/exla-rs-cuda/build.rs
+        native/exla_rs/kernels/*.cuh native/exla_rs/kernels/inst
+        native/exla_rs/kernels/sm90/*.cuh native/exla_rs/kernels/sm90/inst
+      )
+    ]
+  end
+
+  defp docs do
+    [
+      main: "readme",
+      source_ref: "v#{@version}",
+      extras:
+        [
+          "README.md",
+          "docs/getting-started.md",
+          "docs/flash-attention-contract.md",
+          "docs/bumblebee.md",
+          "docs/performance.md"
+        ]
+        |> Enum.filter(&File.exists?/1),
+      groups_for_extras: [
+        Guides: ~r"docs/(getting-started|bumblebee|performance)",
+        Reference: ~r"docs/flash-attention-contract"
+      ],
+      groups_for_modules: [
+        "Nx and Axon": [~r/^ExlaRs\.Attention/, ExlaRs.Axon, ExlaRs.CustomCall],
+        Runtime: [
+          ExlaRs.Application,
+          ExlaRs.Registration,
+          ExlaRs.RegistrationError,
+          ExlaRs.Status,
+          ExlaRs.Status.Formatter,
+          ExlaRs.NIF
+        ]
+      ],
+      assets: %{"docs/assets" => "assets"}
     ]
   end
 
@@ -39,16 +105,36 @@ defmodule ExlaRs.MixProject do
   # Offline (our CI, or a local checkout of Nx), `EXLA_RS_<APP>_PATH` turns a dependency into
   # a path dependency with `override: true`, as Axon's and Bumblebee's mix.exs take local Nx
   # and EXLA: one mix.exs serves hex users and machines with no hex.pm. Nx's and Axon's own
-  # dependencies (complex, telemetry, polaris) are added the same way only when their
-  # variable is set, since hex cannot resolve them either on such a machine.
+  # dependencies (complex, telemetry, polaris), RustlerPrecompiled's and Rustler's (castore,
+  # jason) and ExDoc's are added the same way only when their variable is set, since hex
+  # cannot resolve them either on such a machine.
+  #
+  # RustlerPrecompiled downloads and checks the NIF; Rustler only builds it from source
+  # (EXLA_RS_BUILD=1), so it stays optional and users who build add it themselves.
   defp deps do
     [
+      dep(:rustler_precompiled, "~> 0.8", []),
+      dep(:rustler, "~> 0.38", optional: true, runtime: false),
       dep(:nx, "~> 0.13", optional: true),
       dep(:exla, "~> 0.13", optional: true),
       dep(:axon, "~> 0.8", optional: true),
       # Registration emits [:exla_rs, :register] while the :telemetry application runs.
-      dep(:telemetry, "~> 0.4 or ~> 1.0", optional: true)
-    ] ++ for(app <- [:complex, :polaris], path = local_path(app), do: {app, path: path, override: true, optional: true})
+      dep(:telemetry, "~> 0.4 or ~> 1.0", optional: true),
+      # ExlaRs.Bumblebee.swap_attention/2. Bumblebee 0.7.0 asks Nx ~> 0.12.0: a project with
+      # both (ours in its tests, or a user's) overrides Nx to 0.13 (its attention runs on it).
+      dep(:bumblebee, "~> 0.7", optional: true),
+      dep(:ex_doc, "~> 0.40", only: [:dev, :test], runtime: false)
+    ] ++
+      for(
+        app <- [:complex, :polaris, :castore, :jason | @bumblebee_tree],
+        path = local_path(app),
+        do: {app, path: path, override: true, optional: true}
+      ) ++
+      for(
+        app <- [:earmark_parser, :makeup, :makeup_elixir, :makeup_erlang, :nimble_parsec],
+        path = local_path(app),
+        do: {app, path: path, override: true, only: [:dev, :test], runtime: false}
+      )
   end
 
   defp dep(app, requirement, opts) do

@@ -8,6 +8,24 @@ defmodule ExlaRs do
   present, and lazily before our first lowering; `register/1` does it on demand.
 
   `status/0` tells what was found and done; `mix exla_rs.status` prints it.
+
+  ## Example
+
+      # in a defn, Bumblebee's layout {batch, seq, heads, head_dim}
+      defn self_attention(q, k, v, kv_len) do
+        ExlaRs.attention(q, k, v, causal: true, kv_len: kv_len)
+      end
+
+      ExlaRs.status().nif
+      #=> :loaded
+
+      {:ok, runtimes} = ExlaRs.register()   # after EXLA started: its libxla_extension
+      Enum.map(runtimes, & &1.state)
+      #=> [:registered]
+
+  The guides: [Getting started](getting-started.md) (install, `mix exla_rs.status`, a first
+  call), the [custom-call contract](flash-attention-contract.md) and
+  [Performance](performance.md).
   """
 
   # -- Runtime registration and status ------------------------------------------------------

@@ -2,7 +2,8 @@
 # The CUDA kernels run on the CPU with the GPU's semantics (issue 22): the GPU-on-CPU executor
 # (native/exla_rs/kernels/cpu, crates/exla-rs-gpusim) behind the unchanged launch code.
 #
-#   scripts/gpu_on_cpu.sh [STEP ...]     default: every step, in this order
+#   scripts/gpu_on_cpu.sh [STEP ...]     default: every step below except mutations, in order
+#   scripts/gpu_on_cpu.sh --mutations    the mutation proof only (scripts/gpu_on_cpu_mutations.py)
 #
 # Steps:
 #   build        the gpu-on-cpu handler library (exla-rs-xla --features gpu-on-cpu) in its own
@@ -12,6 +13,7 @@
 #   tests-sm90   the same with EXLA_RS_CUDA_PATH=sm90 (the sm90 forward wherever it applies)
 #   tsan         the sanitizer harness (examples/gpu_on_cpu_check: every kernel image) with the
 #   asan         executor and kernels built under ThreadSanitizer / AddressSanitizer
+#   mutations    each planted kernel bug must be caught by its named check, the tree must pass
 #
 # Each step's output goes to $EXLA_RS_GPUSIM_LOGS (default: a temporary directory; shown in full
 # when the step fails); each prints its time and test counts, and the script ends with
@@ -26,7 +28,7 @@ source scripts/env.sh
 
 TARGET=$EXLA_RS_ROOT/native/exla_rs/target
 PY=$EXLA_RS_VENVS/jax-0.10.2/bin/python
-LIB=$TARGET/gpu_on_cpu/release/libexla_rs_xla.so
+LIB=$TARGET/gpu_on_cpu/gpusim/libexla_rs_xla.so
 LOGS=${EXLA_RS_GPUSIM_LOGS:-$(mktemp -d)}
 mkdir -p "$LOGS"
 # No fatbins: the executor runs the kernels' C++ build, nvcc would only add minutes.
@@ -39,9 +41,9 @@ export ASAN_OPTIONS="detect_leaks=0 halt_on_error=1 exitcode=67 ${ASAN_OPTIONS:-
 # ---------------------------------------------------------------------------------------------
 # Steps: each runs its command(s) with output to $LOGS/<step>.log.
 
-cargo_gpusim() { # cargo_gpusim TARGET_SUBDIR ARGS...: cargo in its own target dir
+cargo_gpusim() { # cargo_gpusim TARGET_SUBDIR ARGS...: cargo in its own target dir, profile gpusim
   local dir=$1; shift
-  cargo "$@" --release --manifest-path "$CARGO_MANIFEST" --target-dir "$TARGET/$dir"
+  cargo "$@" --profile gpusim --manifest-path "$CARGO_MANIFEST" --target-dir "$TARGET/$dir"
 }
 
 step_build() {
@@ -61,18 +63,32 @@ pytest_gpu() { # pytest_gpu [ENV=VALUE ...]: test/gpu on the gpu-on-cpu library
 step_tests_mma() { pytest_gpu EXLA_RS_CUDA_PATH=auto; }
 step_tests_sm90() { pytest_gpu EXLA_RS_CUDA_PATH=sm90; }
 
+HARNESS=$TARGET/gpu_on_cpu/gpusim/examples/gpu_on_cpu_check
 harness() { # harness SANITIZER: the harness built and run under the sanitizer
-  local s=$1
-  EXLA_RS_GPUSIM_SANITIZE=$s cargo_gpusim "gpu_on_cpu_$s" build -p exla-rs-cuda --features gpu-on-cpu --example gpu_on_cpu_check || return 1
-  "$TARGET/gpu_on_cpu_$s/release/examples/gpu_on_cpu_check"
+  # Same target dir as the library: the executor keeps one object set per sanitizer mode, so only
+  # what links it is rebuilt here.
+  EXLA_RS_GPUSIM_SANITIZE=$1 cargo_gpusim gpu_on_cpu build -p exla-rs-cuda --features gpu-on-cpu --example gpu_on_cpu_check || return 1
+  "$HARNESS"
 }
 step_tsan() { harness thread; }
-step_asan() { harness address; }
+step_asan() {
+  harness address || return 1
+  # The proof that every buffer is bounded exactly: one output allocated an element short must
+  # end the run in AddressSanitizer's report.
+  local log=$LOGS/asan-short-o.log
+  if "$HARNESS" --only f16_d64_tall_fwd --short-o >"$log" 2>&1; then
+    echo "FAIL: an output one element short ran clean under AddressSanitizer"; cat "$log"; return 1
+  fi
+  grep -q "AddressSanitizer: heap-buffer-overflow" "$log" || { echo "FAIL: no heap-buffer-overflow report"; cat "$log"; return 1; }
+  echo "ok: AddressSanitizer reports the store past an output one element short"
+}
+step_mutations() { python3 scripts/gpu_on_cpu_mutations.py; }
 
 # ---------------------------------------------------------------------------------------------
 # Bookkeeping: per-step time, counts and outcome.
 
-ALL_STEPS=(build rust tests-mma tests-sm90 tsan asan)
+DEFAULT_STEPS=(build rust tests-mma tests-sm90 tsan asan)
+ALL_STEPS=("${DEFAULT_STEPS[@]}" mutations)
 summary=()
 total_passed=0 total_failed=0
 
@@ -102,13 +118,15 @@ run_step() { # run_step NAME: runs step_NAME, logs, times and counts it
     summary+=("PASS $line")
   else
     summary+=("FAIL $line (rc $rc, log $log)")
-    tail -n 80 "$log"
+    # Indented, so scripts/test.sh's counting sees only this script's own summary line.
+    tail -n 80 "$log" | sed 's/^/    | /'
   fi
   echo "${summary[-1]}"
 }
 
 steps=("$@")
-((${#steps[@]})) || steps=("${ALL_STEPS[@]}")
+[[ ${steps[*]:-} == --mutations ]] && steps=(mutations)
+((${#steps[@]})) || steps=("${DEFAULT_STEPS[@]}")
 for s in "${steps[@]}"; do
   [[ " ${ALL_STEPS[*]} " == *" $s "* ]] || { echo "unknown step $s (steps: ${ALL_STEPS[*]})"; exit 2; }
 done

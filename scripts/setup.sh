@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs everything the tests and the demo need on a fresh Debian 12 machine, offline from hex/GitHub:
 # Debian's Erlang/OTP 25 (Elixir >= 1.17 comes from the offline toolchain beside the checkout, see
-# scripts/elixir.sh), two jax[cpu] venvs (FFI 0.2 and 0.3), NVIDIA's pip nvcc, a PJRT CPU plugin.
+# scripts/elixir.sh), two jax[cpu] venvs (FFI 0.2 and 0.3), NVIDIA's pip nvcc, a PJRT CPU plugin,
+# Hugging Face's tokenizers (the Bumblebee test's tokenizer.json).
 # Idempotent: each step is skipped when its result is already there.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -48,4 +49,7 @@ venv jax-0.10.2 "jax[cpu]==0.10.2" "numpy<3" pytest==8.3.5 ml_dtypes
 venv cuda "nvidia-cuda-nvcc==13.0.88" "nvidia-nvvm==13.0.88" "nvidia-cuda-crt==13.0.88" "nvidia-cuda-runtime==13.0.96" "nvidia-cuda-cccl==13.0.85" "nvidia-cuda-nvrtc==13.0.88" "nvidia-cuda-cuobjdump==13.2.51" "nvidia-cuda-nvdisasm==13.2.51"
 # A real XLA CPU PJRT plugin (exports GetPjrtApi, FFI extension) for the NIF registration test.
 venv pjrt "lammps-jax-pjrt-cpu==0.11.2"
+# Hugging Face's tokenizers: scripts/make_test_tokenizer.py makes (and CI checks) the small real
+# tokenizer.json of the Bumblebee serving test (test/data/bumblebee_tokenizer).
+venv tokenizers "tokenizers==0.21.1"
 echo "setup: done"

@@ -52,8 +52,10 @@ step() { # step NAME CMD...: runs one suite, records its outcome and test counts
   if ((rc == 0)); then results+=("PASS $name$counts"); else results+=("FAIL $name$counts"); fi
 }
 
-step "cargo build (release)" cargo build --release --manifest-path "$CARGO_MANIFEST" --workspace
-step "cargo test" cargo test --release --no-fail-fast --manifest-path "$CARGO_MANIFEST" --workspace --exclude exla-rs-nif
+# The GPU-on-CPU executor (exla-rs-gpusim) is built and tested by scripts/gpu_on_cpu.sh, in its own
+# target dir: the release build never carries it.
+step "cargo build (release)" cargo build --release --manifest-path "$CARGO_MANIFEST" --workspace --exclude exla-rs-gpusim
+step "cargo test" cargo test --release --no-fail-fast --manifest-path "$CARGO_MANIFEST" --workspace --exclude exla_rs_nif --exclude exla-rs-gpusim
 for v in jax-0.9.0 jax-0.10.2; do
   step "pytest test/xla ($v)" "$EXLA_RS_VENVS/$v/bin/python" -m pytest -q -p no:cacheprovider test/xla
 done
@@ -68,10 +70,21 @@ step "CUDA kernels: SASS statistics, no spills" "$EXLA_RS_VENVS/jax-0.10.2/bin/p
 # The plain feature set (what most calls run) within its SASS budget: instructions and integer ops
 # per HMMA per kernel, so no optional feature and no change taxes the common path unnoticed (#26).
 step "CUDA kernels: plain set within its SASS budget" "$EXLA_RS_VENVS/jax-0.10.2/bin/python" native/exla_rs/kernels/sass_stats.py --check
+# The CUDA kernels themselves, executed on the CPU with the GPU's semantics (issue 22): test/gpu
+# through real XLA for the mma.sync and the sm90 kernel sets, and the harness that launches every
+# kernel image under ThreadSanitizer and AddressSanitizer (the script prints each part's time).
+step "CUDA kernels on the CPU (scripts/gpu_on_cpu.sh)" ./scripts/gpu_on_cpu.sh
 # The README's main job, small: it must run to its check and its timings.
 step "demo (scripts/demo.py, S=256)" "$EXLA_RS_VENVS/jax-0.10.2/bin/python" scripts/demo.py --seq 256 --repeats 1
+# The Bumblebee serving test's tokenizer.json is what scripts/make_test_tokenizer.py makes.
+step "test tokenizer.json up to date" "$EXLA_RS_VENVS/tokenizers/bin/python" scripts/make_test_tokenizer.py --check
 # ExUnit on Elixir >= 1.17 with real Nx, EXLA's Elixir side and Axon as Mix dependencies
 # (scripts/elixir.sh), the user-project test included: nothing is excluded.
+# The release as Hex users get it: one NIF per NIF version (2.15, 2.16, 2.17) with every CUDA kernel
+# inside, their checksum file and the Hex package. mix test's precompiled test installs it into a
+# user project with no Rust on PATH, served from 127.0.0.1 (test/exla_rs/precompiled_test.exs).
+export EXLA_RS_RELEASE_DIR=$logs/release
+step "release (scripts/release.sh)" ./scripts/release.sh --out "$EXLA_RS_RELEASE_DIR"
 source scripts/elixir.sh
 mix_test() {
   exla_rs_elixir || return 1
@@ -79,6 +92,10 @@ mix_test() {
   MIX_ENV=test mix test
 }
 step "mix test" mix_test
+# The hexdocs: the plots must match bench/RESULTS.md, and ExDoc must build every page without a warning.
+step "docs: plots match bench/RESULTS.md" "$EXLA_RS_VENVS/jax-0.10.2/bin/python" scripts/plots.py --check
+docs() { exla_rs_elixir && MIX_ENV=test mix docs --warnings-as-errors; }
+step "docs (mix docs)" docs
 
 echo; echo "=== summary"
 failed_steps=0

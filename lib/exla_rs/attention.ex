@@ -78,10 +78,30 @@ defmodule ExlaRs.Attention do
         the indices (`ExlaRs.Attention.Philox`), the same bits on every backend:
         the same key gives the same mask, so split the key between steps.
 
-    Any combination of the options works. Under EXLA, the `:cuda` client does not
-    run `:key_mask`, `:bias`, `:alibi_slopes` or `:dropout_rate` yet (the `:host`
-    client runs them all in its native kernels): calls using them run the Nx fallback
-    there (`ExlaRs.CustomCall` asks the native library what each platform runs).
+    Any combination of the options works. Under EXLA, the `:host` and `:cuda`
+    clients run every option in their native kernels (on Hopper the sm_90a forward
+    takes calls without optional operands; calls with them run the mma.sync
+    forward). `ExlaRs.CustomCall` asks the native library what each platform runs
+    (`ExlaRs.CustomCall.features/1`); a call a platform cannot run (`:f64`, a head
+    dim no CUDA kernel has) runs on the Nx fallback, which computes the same function.
+
+    ## Example
+
+        defmodule MyModel do
+          import Nx.Defn
+
+          defn attend(q, k, v, kv_len) do
+            ExlaRs.attention(q, k, v, causal: true, kv_len: kv_len)
+          end
+        end
+
+        key = Nx.Random.key(0)
+        {q, key} = Nx.Random.normal(key, shape: {1, 128, 8, 64}, type: :f32)
+        {k, key} = Nx.Random.normal(key, shape: {1, 128, 2, 64}, type: :f32)
+        {v, _key} = Nx.Random.normal(key, shape: {1, 128, 2, 64}, type: :f32)
+        o = Nx.Defn.jit(&MyModel.attend/4, compiler: EXLA).(q, k, v, Nx.tensor([100]))
+        Nx.shape(o)
+        #=> {1, 128, 8, 64}
 
     ## Gradients
 

@@ -20,8 +20,8 @@ defmodule ExlaRs.CustomCall do
       one is false, so a call without optional operands is the contract's
       original call), and `dropout_rate` (`f32`) with `has_dropout`;
     * otherwise (another platform, `f64`, a head dim the kernels lack, an
-      optional feature the platform lacks, such as any of them on CUDA today
-      (dropout included), a workspace mismatch, registration
+      optional feature the platform's native library does not report (both
+      report all of them today), a workspace mismatch, registration
       failing) it returns `:skip`, and EXLA
       compiles the block's default function, the Nx fallback, which computes the
       same function.

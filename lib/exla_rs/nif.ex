@@ -1,55 +1,85 @@
 defmodule ExlaRs.NIF do
   @moduledoc """
-  The Rust NIF (`native/exla_rs/crates/exla-rs-nif`), loaded from
-  `priv/native/libexla_rs_nif.so`.
+  The Rust NIF (`native/exla_rs/crates/exla-rs-nif`, every CUDA kernel embedded).
+
+  Where the library comes from is settled when this module compiles:
+
+    * **precompiled** (the default for the Hex package): `RustlerPrecompiled` downloads
+      `libexla_rs_nif-v<version>-nif-<2.15|2.16|2.17>-<target>.so.tar.gz` for this machine's
+      NIF version and target, checks its sha256 against `checksum-Elixir.ExlaRs.NIF.exs` (in the
+      package) and unpacks it into `priv/native`. No Rust is needed. The base URL is, first
+      found: the `EXLA_RS_PRECOMPILED_BASE_URL` environment variable, then
+
+          config :exla_rs, :precompiled_base_url, "https://mirror.example/exla_rs/v0.1.0"
+
+      then the project's GitHub release. A mirror or an air-gapped site serves the release's
+      files from any HTTP(S) directory (`HTTP_PROXY`/`HTTPS_PROXY` apply; downloads are
+      cached under `RUSTLER_PRECOMPILED_GLOBAL_CACHE_PATH` or the user cache directory).
+    * **built from source** with `EXLA_RS_BUILD=1` (or `config :rustler_precompiled,
+      :force_build, exla_rs: true`), and in a checkout with no checksum file: Rustler runs
+      `cargo rustc` on the crate. Needs Rust >= 1.80 and `{:rustler, "~> 0.38", runtime: false}`
+      in the project's deps; nvcc (`CUDA_HOME`) is used for the kernels when found.
+      Rustler's own options go in `config :exla_rs, ExlaRs.NIF, mode: :debug, ...`.
+
+  After changing either setting, `mix deps.compile exla_rs --force` applies it.
 
   Loading only registers the functions: it initialises no CUDA and opens no XLA, so it is
-  safe while modules load at compile time. If the library is missing or does not load, the
-  module still loads; every function then raises an `ErlangError` saying why, and
-  `load_error/0` returns the reason (shown by `ExlaRs.status/0`).
+  safe while modules load at compile time. If the library does not load, the module still
+  loads; every function then raises an `ErlangError` saying why, and `load_error/0` returns
+  the reason (shown by `ExlaRs.status/0`).
 
   Blocking functions (`register/2`, `runtimes/1`, `load_pjrt_plugin/1`, `cuda_status/0`)
   run on dirty schedulers. A panic in Rust comes back as `{:error, reason}` or an
   `ErlangError`, never a crash.
   """
 
-  @on_load :__load_nif__
+  alias ExlaRs.NIF.Source
+
+  @root Path.expand("../..", __DIR__)
   @load_error_key {__MODULE__, :load_error}
 
+  # A source build is redone when a native file or a build setting changes.
+  @external_resource Source.checksum_file(@root)
+  for file <- Source.external_resources(@root), do: @external_resource(file)
+  @build_env Source.build_env()
+
+  @source_options Source.options(
+                    @root,
+                    Mix.Project.config()[:version],
+                    Mix.Project.config()[:source_url],
+                    Application.compile_env(:exla_rs, :precompiled_base_url)
+                  )
+
+  try do
+    use RustlerPrecompiled, @source_options
+  rescue
+    e -> reraise Source.failure(e, __MODULE__, @root, @source_options), __STACKTRACE__
+  end
+
+  @before_compile Source
+
   @doc false
-  def __load_nif__ do
-    path = nif_path()
+  def __mix_recompile__?, do: Source.build_env() != @build_env
 
-    case :erlang.load_nif(String.to_charlist(path), 0) do
-      :ok ->
-        :persistent_term.erase(@load_error_key)
-        :ok
+  @doc false
+  def __loaded__(:ok) do
+    :persistent_term.erase(@load_error_key)
+    :ok
+  end
 
-      {:error, {reason, text}} ->
-        message =
-          "could not load the exla_rs NIF from #{path}.so (#{reason}: #{text}); run `mix compile`"
+  def __loaded__({:error, {reason, text}}) do
+    message =
+      "could not load the exla_rs NIF from #{nif_path()}.so (#{reason}: #{text}); " <>
+        "reinstall it with `mix deps.compile exla_rs --force` (EXLA_RS_BUILD=1 builds it from source)"
 
-        :persistent_term.put(@load_error_key, message)
-        IO.warn(message, [])
-
-        # Load the module anyway: calls raise with this message instead of an UndefinedFunctionError.
-        :ok
-    end
+    :persistent_term.put(@load_error_key, message)
+    IO.warn(message, [])
+    # Load the module anyway: calls raise with this message instead of an UndefinedFunctionError.
+    :ok
   end
 
   @doc "Why the NIF did not load, or `nil` when it did."
   def load_error, do: :persistent_term.get(@load_error_key, nil)
-
-  @doc "The library path, without the `.so` extension `:erlang.load_nif/2` adds."
-  def nif_path do
-    priv =
-      case :code.priv_dir(:exla_rs) do
-        {:error, _} -> Path.expand("../priv", Path.dirname(to_string(:code.which(__MODULE__))))
-        dir -> to_string(dir)
-      end
-
-    Path.join([priv, "native", "libexla_rs_nif"])
-  end
 
   @doc "`%{version:, ffi_api_version:, targets:, counters:}`."
   def native_info, do: not_loaded()

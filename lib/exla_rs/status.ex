@@ -4,6 +4,8 @@ defmodule ExlaRs.Status do
 
     * `:version` - the exla_rs version
     * `:nif` - `:loaded` or `{:error, reason}`
+    * `:nif_source` - `:precompiled` (downloaded and checked against the package's checksum
+      file) or `:source_build` (built with cargo); `:nif_path` - the library, without `.so`
     * `:ffi_api_version` - the XLA FFI API version our handlers report (`{0, 1}`)
     * `:targets` - `[%{name:, platform:, symbol:}]`
     * `:cuda` - `%{available: false, reason:}` without a driver or GPU, otherwise
@@ -40,6 +42,8 @@ defmodule ExlaRs.Status do
       version: version() || info.version,
       native_version: info.version,
       nif: :loaded,
+      nif_source: NIF.source(),
+      nif_path: NIF.nif_path(),
       ffi_api_version: info.ffi_api_version,
       targets: info.targets,
       cuda: NIF.cuda_status(),
@@ -62,6 +66,8 @@ defmodule ExlaRs.Status do
       version: version(),
       native_version: nil,
       nif: {:error, reason},
+      nif_source: NIF.source(),
+      nif_path: NIF.nif_path(),
       ffi_api_version: nil,
       targets: [],
       cuda: %{

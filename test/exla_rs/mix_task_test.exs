@@ -6,6 +6,7 @@ defmodule Mix.Tasks.ExlaRs.StatusTest do
     output = capture_io(fn -> Mix.Tasks.ExlaRs.Status.run([]) end)
     assert output =~ "exla_rs 0.1.0"
     assert output =~ "loaded (native 0.1.0)"
+    assert output =~ "built from source: #{ExlaRs.NIF.nif_path()}.so"
     assert output =~ "XLA FFI API version reported: 0.1"
     assert output =~ "exla_rs_flash_attn_bwd on CUDA"
     assert output =~ ~r/CUDA\n  (not available: .+|available, driver .+)\n/

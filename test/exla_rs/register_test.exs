@@ -5,7 +5,6 @@ defmodule ExlaRs.RegisterTest do
   # fresh VM with only our app: exactly what a user without EXLA gets.
   test "register answers {:error, _} cleanly when no XLA runtime is loaded" do
     elixir = System.find_executable("elixir")
-    ebin = Path.join(Mix.Project.app_path(), "ebin")
 
     script = """
     {:ok, _} = Application.ensure_all_started(:exla_rs)
@@ -14,7 +13,7 @@ defmodule ExlaRs.RegisterTest do
     IO.write(Base.encode64(:erlang.term_to_binary({first, second, ExlaRs.status()})))
     """
 
-    {out, 0} = System.cmd(elixir, ["-pa", ebin, "-e", script], stderr_to_stdout: false)
+    {out, 0} = System.cmd(elixir, code_path() ++ ["-e", script], stderr_to_stdout: false)
     {first, second, status} = out |> String.trim() |> Base.decode64!() |> :erlang.binary_to_term()
 
     assert {:error, %ExlaRs.RegistrationError{reason: :no_runtime, message: message}} = first
@@ -26,12 +25,11 @@ defmodule ExlaRs.RegisterTest do
 
   test "register! raises the error" do
     elixir = System.find_executable("elixir")
-    ebin = Path.join(Mix.Project.app_path(), "ebin")
 
     script =
       "try do ExlaRs.register!() rescue e in ExlaRs.RegistrationError -> IO.write(e.message) end"
 
-    {out, 0} = System.cmd(elixir, ["-pa", ebin, "-e", script])
+    {out, 0} = System.cmd(elixir, code_path() ++ ["-e", script])
     assert out =~ "no XLA runtime is loaded in this VM"
   end
 
@@ -84,5 +82,21 @@ defmodule ExlaRs.RegisterTest do
              ExlaRs.register(plugin: "/nonexistent/pjrt_plugin.so")
 
     assert m =~ "cannot load"
+  end
+
+  # `-pa` for our app and the applications it requires (RustlerPrecompiled, castore), found in
+  # this build: none of the optional ones (Nx, EXLA, ...), as for a user without them.
+  defp code_path(app \\ :exla_rs, seen \\ MapSet.new()) do
+    lib = :code.lib_dir(app)
+
+    if MapSet.member?(seen, app) or not is_list(lib) or
+         not String.starts_with?(to_string(lib), Mix.Project.build_path()) do
+      []
+    else
+      seen = MapSet.put(seen, app)
+
+      ["-pa", Path.join(to_string(lib), "ebin")] ++
+        Enum.flat_map(Application.spec(app, :applications), &code_path(&1, seen))
+    end
   end
 end

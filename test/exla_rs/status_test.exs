@@ -4,6 +4,8 @@ defmodule ExlaRs.StatusTest do
   @keys [
     :version,
     :nif,
+    :nif_source,
+    :nif_path,
     :ffi_api_version,
     :targets,
     :cuda,
@@ -18,6 +20,9 @@ defmodule ExlaRs.StatusTest do
     for key <- @keys, do: assert(Map.has_key?(status, key), "missing #{key}")
     assert status.version == Mix.Project.config()[:version]
     assert status.nif == :loaded
+    # A checkout has no checksum file: its NIF is built from source, by Rustler.
+    assert status.nif_source == :source_build
+    assert File.exists?(status.nif_path <> ".so")
     assert status.ffi_api_version == {0, 1}
   end
 

@@ -5,18 +5,30 @@ defmodule ExlaRs.UserProjectTest do
   # flow compiles that project with the `mix` running these tests, then runs
   # test/user_project/check.exs in it: the Nx layer, the EXLA.CustomCall implementation and
   # the Axon layer must be there exactly when their libraries are, in every compile order.
-  use ExUnit.Case, async: true
+  #
+  # Not async: a checkout of exla_rs builds its NIF from source (no checksum file), and each of
+  # these projects compiling it runs Rustler, which copies the library into the checkout's
+  # priv/native (remove, then copy: not atomic); a project loading it during another's copy
+  # would read a partial file.
+  use ExUnit.Case, async: false
 
   @moduletag :user_project
   @moduletag :pjrt_plugin
   @moduletag timeout: 900_000
 
   @repo Path.expand("../..", __DIR__)
+  alias ExlaRs.UserProject
   @check Path.join(@repo, "test/user_project/check.exs")
 
   # The libraries a project may have, with the hex requirement a user would write; each one
   # with EXLA_RS_<APP>_PATH set is a path dependency instead (Nx's and Axon's own deps too).
   @libraries [
+    # Every project: RustlerPrecompiled, and Rustler for the source build a checkout does
+    # (a user of a git checkout adds {:rustler, "~> 0.38"} too).
+    rustler_precompiled: nil,
+    castore: nil,
+    rustler: "~> 0.38",
+    jason: nil,
     nx: "~> 0.13",
     exla: "~> 0.13",
     axon: "~> 0.8",
@@ -27,8 +39,6 @@ defmodule ExlaRs.UserProjectTest do
 
   setup do
     dir = Path.join(System.tmp_dir!(), "exla_rs_user_#{System.unique_integer([:positive])}")
-    File.mkdir_p!(Path.join(dir, "lib"))
-    File.write!(Path.join(dir, "lib/user_app.ex"), "defmodule UserApp do\nend\n")
     on_exit(fn -> File.rm_rf!(dir) end)
     %{dir: dir}
   end
@@ -71,32 +81,12 @@ defmodule ExlaRs.UserProjectTest do
   # The project's mix.exs, as a user writes it. Nx's own deps (complex, telemetry) and Axon's
   # (polaris) appear only as local overrides, never as the user's direct requirements.
   defp write_project(dir, exla_rs: exla_rs?, libs: libs) do
-    wanted = libs ++ if(:nx in libs, do: [:complex, :telemetry], else: []) ++ if(:axon in libs, do: [:polaris], else: [])
+    wanted = [:rustler_precompiled, :castore, :rustler, :jason] ++ libs ++ if(:nx in libs, do: [:complex, :telemetry], else: []) ++ if(:axon in libs, do: [:polaris], else: [])
 
     deps =
-      for {app, requirement} <- @libraries, app in wanted, dep = dep(app, requirement), do: dep
+      for {app, requirement} <- @libraries, app in wanted, dep = UserProject.dep(app, requirement), do: dep
 
-    deps = if exla_rs?, do: [{:exla_rs, path: @repo} | deps], else: deps
-
-    File.write!(Path.join(dir, "mix.exs"), """
-    defmodule UserApp.MixProject do
-      use Mix.Project
-
-      def project do
-        [app: :user_app, version: "0.1.0", elixir: "~> 1.17", deps: #{inspect(deps)}]
-      end
-
-      def application, do: [extra_applications: [:logger]]
-    end
-    """)
-  end
-
-  defp dep(app, requirement) do
-    case ExlaRs.MixProject.local_path(app) do
-      nil when requirement == nil -> nil
-      nil -> {app, requirement}
-      path -> {app, path: path, override: true}
-    end
+    UserProject.write!(dir, if(exla_rs?, do: [{:exla_rs, path: @repo} | deps], else: deps))
   end
 
   defp check!(dir, have) do
@@ -120,14 +110,10 @@ defmodule ExlaRs.UserProjectTest do
   end
 
   defp run_mix(dir, args, env) do
-    {out, status} = System.cmd(mix_executable(), args, cd: dir, env: env, stderr_to_stdout: true)
+    {out, status} = System.cmd(UserProject.mix_executable(), args, cd: dir, env: env, stderr_to_stdout: true)
     assert status == 0, "mix #{Enum.join(args, " ")} in #{dir} exited #{status}:\n#{out}"
     out
   end
 
   defp hex_deps?, do: Enum.any?([:nx, :exla, :axon], &(ExlaRs.MixProject.local_path(&1) == nil))
-
-  defp mix_executable do
-    System.find_executable("mix") || flunk("no mix on PATH")
-  end
 end

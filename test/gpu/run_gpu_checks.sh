@@ -8,13 +8,16 @@
 #       --target-dir /tmp/nvrtc-target && cp /tmp/nvrtc-target/release/libexla_rs_xla.so .gpu/libexla_rs_xla_nvrtc.so
 #   echo /.gpu/ >> .git/info/exclude
 # then: run(command="bash test/gpu/run_gpu_checks.sh", carry=[".gpu"]). Logs land in $OUT.
-# Steps: STEPS="env tests mma nvrtc sanitize bench" (default all) selects some. On an H100/H200 the
-# default forward of f16/bf16 at D = 64/128/256 without optional operands is the sm90 (wgmma/TMA)
-# kernel set, so `tests` and `sanitize` check that path; `mma` reruns the tests on mma.sync only.
+# Steps: STEPS="env tests sm90 nvrtc sanitize bench" (default all) selects some. The default forward
+# is the mma.sync set (auto does not pick the sm90 forward until it has passed here: issue 22), so
+# `tests` checks mma.sync; `sm90` reruns the tests with EXLA_RS_CUDA_PATH=sm90 (the wgmma/TMA
+# forward for f16/bf16 at D = 64/128/256 without optional operands on an H100/H200), and
+# `sanitize` runs each tool on both paths. All green on Hopper: record it in bench/RESULTS.md and
+# flip AUTO_PICKS_SM90 (crates/exla-rs-cuda/src/sm90.rs).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/exla_rs_gpu_out}; mkdir -p "$OUT"
-STEPS=${STEPS:-env tests mma nvrtc sanitize bench}
+STEPS=${STEPS:-env tests sm90 nvrtc sanitize bench}
 export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
 export EXLA_RS_XLA_LIB=${EXLA_RS_XLA_LIB:-$PWD/.gpu/libexla_rs_xla.so}
 PY=${PY:-python3}
@@ -32,9 +35,9 @@ if has tests; then
   timeout 540 $PY -m pytest -q -x -p no:cacheprovider test/gpu/test_cuda_xla.py 2>&1 | tee "$OUT/tests.log" || status=1
 fi
 
-if has mma; then
-  # The same suite with the forward forced onto the mma.sync kernels (src/sm90.rs's override).
-  EXLA_RS_CUDA_PATH=mma timeout 540 $PY -m pytest -q -x -p no:cacheprovider test/gpu/test_cuda_xla.py 2>&1 | tee "$OUT/tests_mma.log" || status=1
+if has sm90; then
+  # The same suite with the sm90 forward opted in (src/sm90.rs): it runs wherever it applies.
+  EXLA_RS_CUDA_PATH=sm90 timeout 540 $PY -m pytest -q -x -p no:cacheprovider test/gpu/test_cuda_xla.py 2>&1 | tee "$OUT/tests_sm90.log" || status=1
 fi
 
 if has nvrtc; then
@@ -56,9 +59,11 @@ if has sanitize; then
   # every XLA buffer is its own allocation and memcheck sees its exact bounds.
   export XLA_PYTHON_CLIENT_ALLOCATOR=platform
   sel="(d64_ragged or d128_ragged or d192_ragged or d256_ragged or everything) and not f32"
-  for tool in memcheck racecheck synccheck initcheck; do
-    timeout 540 compute-sanitizer --tool $tool --kernel-name kns=exla_rs --error-exitcode 99 \
-      $PY -m pytest -q -x -p no:cacheprovider test/gpu/test_cuda_xla.py -k "$sel" 2>&1 | tee "$OUT/sanitize_$tool.log" || status=1
+  for path in mma sm90; do
+    for tool in memcheck racecheck synccheck initcheck; do
+      EXLA_RS_CUDA_PATH=$path timeout 540 compute-sanitizer --tool $tool --kernel-name kns=exla_rs --error-exitcode 99 \
+        $PY -m pytest -q -x -p no:cacheprovider test/gpu/test_cuda_xla.py -k "$sel" 2>&1 | tee "$OUT/sanitize_${tool}_$path.log" || status=1
+    done
   done
   unset XLA_PYTHON_CLIENT_ALLOCATOR
 fi

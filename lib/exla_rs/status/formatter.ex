@@ -16,8 +16,12 @@ defmodule ExlaRs.Status.Formatter do
 
   defp section(title, lines), do: ["\n", title, "\n", Enum.map(lines, &["  ", &1, "\n"])]
 
-  defp nif(%{nif: :loaded, native_version: v}), do: ["loaded (native #{v})"]
-  defp nif(%{nif: {:error, reason}}), do: ["NOT LOADED: #{reason}"]
+  defp nif(%{nif: :loaded, native_version: v} = s), do: ["loaded (native #{v})" | origin(s)]
+  defp nif(%{nif: {:error, reason}} = s), do: ["NOT LOADED: #{reason}" | origin(s)]
+
+  defp origin(%{nif_source: :precompiled, nif_path: path}), do: ["precompiled: #{path}.so"]
+  defp origin(%{nif_source: :source_build, nif_path: path}), do: ["built from source: #{path}.so"]
+  defp origin(_), do: []
 
   defp handlers(status) do
     ["XLA FFI API version reported: #{version(status.ffi_api_version)}"] ++

@@ -23,11 +23,11 @@ use std::time::{Instant, SystemTime};
 /// ABI in GCC 4.6 concerns mixing compilers, and every caller here is built by the same one.
 const BASE_FLAGS: [&str; 7] = ["-O2", "-g1", "-std=c++17", "-DEXLA_RS_CPU", "-fno-strict-aliasing", "-fPIC", "-Wno-psabi"];
 
-/// `kernels/cpu` files compiled without sanitizer instrumentation: the scheduler's bookkeeping is
-/// shared by every fiber and ordered by the scheduler, not by GPU rules (kernels/cpu/runtime.hpp),
-/// so ThreadSanitizer must not judge it; it reports the memory effects it performs for a kernel
-/// to the sanitizers itself.
-const UNINSTRUMENTED: [&str; 1] = ["runtime.cpp"];
+/// `kernels/cpu` files compiled without sanitizer instrumentation: the executor core. Its
+/// bookkeeping and the fibers' stacks are shared by every fiber and ordered by the scheduler, not
+/// by GPU rules (kernels/cpu/README.md, "Sanitizers"), so ThreadSanitizer must not judge them; the
+/// core reports the memory effects it performs for a kernel to the sanitizers itself.
+const UNINSTRUMENTED: [&str; 2] = ["runtime.cpp", "fiber.cpp"];
 
 fn main() {
     let manifest = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").unwrap());
@@ -53,21 +53,24 @@ fn main() {
     let instrument = sanitize.map(|s| format!("-fsanitize={s}"));
 
     let units = sources(&kernels);
-    let obj_dir = out.join("obj");
+    // One object directory per sanitizer mode: switching EXLA_RS_GPUSIM_SANITIZE in one target dir
+    // (scripts/gpu_on_cpu.sh) re-archives that mode's objects instead of recompiling them.
+    let obj_dir = out.join(format!("obj-{}", sanitize.unwrap_or("none")));
     std::fs::create_dir_all(&obj_dir).unwrap();
     let objects = compile_all(&cxx, &flags, instrument.as_deref(), &units, &obj_dir);
     archive(&objects, &out.join("libexla_rs_gpusim.a"));
 
     println!("cargo:rustc-link-search=native={}", out.display());
     println!("cargo:rustc-link-lib=static=exla_rs_gpusim");
-    println!("cargo:rustc-link-lib=dylib=stdc++");
     if let Some(s) = sanitize {
-        // The runtime the instrumented objects call into. A final executable must also be linked
-        // with -fsanitize= (the runtime first in its library list): dependents learn the mode here.
+        // The runtime the instrumented objects call into, named before libstdc++: AddressSanitizer
+        // refuses to start unless its runtime comes first in the executable's library list. A
+        // final executable must also be linked with -fsanitize= (dependents learn the mode here).
         println!("cargo:rustc-link-lib=dylib={}", if s == "thread" { "tsan" } else { "asan" });
         println!("cargo:sanitize={s}");
         println!("cargo:rustc-env=EXLA_RS_GPUSIM_SANITIZE_BUILT={s}");
     }
+    println!("cargo:rustc-link-lib=dylib=stdc++");
 }
 
 /// `EXLA_RS_GPUSIM_SANITIZE`: None, `thread` or `address`.
@@ -157,7 +160,10 @@ fn stale(obj: &Path, cmd: &str) -> bool {
     deps.split_whitespace()
         .skip(1)
         .filter(|t| *t != "\\")
-        .any(|dep| mtime(Path::new(dep)).map_or(true, |t| t > built))
+        .any(|dep| match mtime(Path::new(dep)) {
+            Some(t) => t > built,
+            None => true,
+        })
 }
 
 /// Compiles the stale units on `NUM_JOBS` threads; returns every object, in unit order.

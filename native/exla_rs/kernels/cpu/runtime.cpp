@@ -95,6 +95,14 @@ struct ThreadState {
   std::vector<CpCopy> cp_open;
   std::deque<std::vector<CpCopy>> cp_groups;
   uint64_t cp_seq = 0;  // this lane's cp.async count (bank statistics pair lanes by it)
+  // Plain shared-memory accesses (the statistics build): the lane's k-th access since its last
+  // call into the executor pairs with the other lanes' k-th (a warp's lanes make the same calls).
+  uint64_t epoch = 0;
+  uint32_t access_k = 0;
+  uint64_t last_key = 0;  // the lane's previous plain access, which a contiguous one widens
+  uint32_t last_off = 0;
+  unsigned last_bytes = 0;
+  bool last_write = false;
 };
 
 // A rendezvous of the lanes of a warp (32) or a warpgroup (128).
@@ -217,6 +225,30 @@ void block(ThreadState::Wait w, uint64_t key, unsigned arg, const char* site) {
 
 void wake(ThreadState& t) {
   t.runnable = true;
+}
+
+// Plain ld.shared / st.shared of one instruction: lanes' accesses grouped by (warp, epoch, k).
+struct PlainGroup {
+  uint32_t offs[32];
+  uint32_t have = 0;
+  unsigned bytes = 0;  // the widest lane access (a lane's contiguous pieces merged)
+  bool write = false;
+};
+std::unordered_map<uint64_t, PlainGroup> g_plain;  // key: warp << 48 | epoch << 16 | k (statistics build)
+
+void flush_plain(PlainGroup& pg) {
+  uint32_t offs[32];
+  int n = 0;
+  for (int l = 0; l < 32; ++l)
+    if ((pg.have >> l) & 1) offs[n++] = pg.offs[l];
+  bank_access(pg.write ? "st.shared" : "ld.shared", offs, n, pg.bytes);
+}
+
+void note_core_call() {
+  if (ThreadState* t = g->cur) {
+    t->epoch += 1;
+    t->access_k = 0;
+  }
 }
 
 void fiber_main() {
@@ -466,6 +498,11 @@ void run_block() {
         if ((b.have >> l) & 1) offs[n++] = b.offs[l];
       bank_access("cp.async", offs, n, 16);
     }
+  for (auto& [key, pg] : g_plain) {
+    (void)key;
+    flush_plain(pg);
+  }
+  g_plain.clear();
 }
 
 }  // namespace
@@ -596,6 +633,7 @@ static void* claim_collective_token() {
 
 void warp_collective(Op op, unsigned mask, const char* site, LaneIo& io, CollectiveFn fn, void* ctx, bool orders_memory) {
   CoreScope scope;
+  note_core_call();
   ThreadState* t = g->cur;
   const uint64_t m[2] = {mask, 0};
   // A warp past the block's last thread has fewer lanes: a mask naming them can never complete.
@@ -604,6 +642,7 @@ void warp_collective(Op op, unsigned mask, const char* site, LaneIo& io, Collect
 
 void warpgroup_collective(Op op, const char* site, LaneIo& io, CollectiveFn fn, void* ctx) {
   CoreScope scope;
+  note_core_call();
   ThreadState* t = g->cur;
   const unsigned wgi = t->tid / 128;
   if ((wgi + 1) * 128 > g->nthreads) fail("%s at %s: warpgroup %u is incomplete (block of %u threads)", op_name(op), site, wgi, g->nthreads);
@@ -613,6 +652,7 @@ void warpgroup_collective(Op op, const char* site, LaneIo& io, CollectiveFn fn, 
 
 int cta_barrier(unsigned id, unsigned count, bool wait, int vote) {
   CoreScope scope;
+  note_core_call();
   if (id >= 16) fail("bar.%s %u: barrier ids are 0..15", wait ? "sync" : "arrive", id);
   if (count == 0 || count % 32 != 0 || count > g->nthreads)
     fail("bar.%s %u, %u: the thread count must be a non-zero multiple of 32 and at most the block's %u", wait ? "sync" : "arrive", id,
@@ -644,6 +684,7 @@ int cta_barrier(unsigned id, unsigned count, bool wait, int vote) {
 
 void mbar_init(uint32_t off, unsigned count) {
   CoreScope scope;
+  note_core_call();
   if (off % 8) fail("mbarrier.init at shared offset 0x%x: mbarriers are 8-byte aligned", off);
   if (count == 0 || count >= (1u << 20)) fail("mbarrier.init at 0x%x with count %u: must be 1 .. 2^20 - 1", off, count);
   Mbar& mb = g->mbars[off];
@@ -654,6 +695,7 @@ void mbar_init(uint32_t off, unsigned count) {
 
 void mbar_arrive(uint32_t off, unsigned expect_tx) {
   CoreScope scope;
+  note_core_call();
   Mbar& mb = mbar_at(off, expect_tx ? "mbarrier.arrive.expect_tx" : "mbarrier.arrive");
   mb.tx += expect_tx;
   tsan_release(&mb.sync[mb.phase & 3]);
@@ -664,6 +706,7 @@ void mbar_arrive(uint32_t off, unsigned expect_tx) {
 
 void mbar_wait(uint32_t off, unsigned parity) {
   CoreScope scope;
+  note_core_call();
   for (;;) {
     Mbar& mb = mbar_at(off, "mbarrier.try_wait.parity");
     // The phase of parity `parity` has completed when the current (incomplete) phase's parity differs.
@@ -681,6 +724,7 @@ void mbar_wait(uint32_t off, unsigned parity) {
 
 void async_copy(uint32_t bar, AsyncCopyFn fn, const void* ctx, size_t ctx_bytes) {
   CoreScope scope;
+  note_core_call();
   mbar_at(bar, "cp.async.bulk.tensor (its mbarrier)");
   AsyncCopy c;
   c.bar = bar;
@@ -743,6 +787,7 @@ void wgmma_retired_acquire() {
 
 void cp_async_issue(uint32_t dst_off, const void* bytes16) {
   CoreScope scope;
+  note_core_call();
   ThreadState* t = g->cur;
   CpCopy c;
   c.off = dst_off;
@@ -767,6 +812,7 @@ void cp_async_issue(uint32_t dst_off, const void* bytes16) {
 
 void cp_async_commit_group() {
   CoreScope scope;
+  note_core_call();
   ThreadState* t = g->cur;
   t->cp_groups.push_back(std::move(t->cp_open));
   t->cp_open.clear();
@@ -774,6 +820,7 @@ void cp_async_commit_group() {
 
 void cp_async_wait_group(unsigned pending) {
   CoreScope scope;
+  note_core_call();
   ThreadState* t = g->cur;
   while (t->cp_groups.size() > pending) {
     for (auto& c : t->cp_groups.front()) {
@@ -782,6 +829,39 @@ void cp_async_wait_group(unsigned pending) {
     }
     t->cp_groups.pop_front();
   }
+}
+
+void shared_access(const void* p, unsigned bytes, bool write) {
+  if (!g || !g->cur || !g->smem) return;
+  const unsigned char* c = static_cast<const unsigned char*>(p);
+  if (c < g->smem || c >= g->smem + g->smem_bytes) return;  // not shared memory
+  ThreadState* t = g->cur;
+  const uint32_t off = (uint32_t)(c - g->smem);
+  // The C++ compiler may split one vector access (a 16-byte chunk: LDS.128 on the GPU) into
+  // narrower ones, in any order: a lane's access inside the same aligned 16 bytes as its previous
+  // one (same epoch and direction) widens that access instead of counting anew.
+  if (t->access_k > 0 && t->last_write == write && off / 16 == t->last_off / 16 && (off + bytes - 1) / 16 == off / 16) {
+    PlainGroup& pg = g_plain[t->last_key];
+    const uint32_t lo = std::min(off, t->last_off), hi = std::max(off + bytes, t->last_off + t->last_bytes);
+    t->last_off = lo;
+    t->last_bytes = hi - lo;
+    pg.offs[t->lane] = lo;
+    // An access of w bytes is served as a naturally aligned w-byte word (w rounded up to 4, 8, 16).
+    unsigned w = 4;
+    while (w < t->last_bytes) w *= 2;
+    pg.bytes = std::max(pg.bytes, w);
+    return;
+  }
+  const uint64_t key = (uint64_t)t->warp << 48 | (t->epoch & 0xffffffffull) << 16 | (t->access_k++ & 0xffff);
+  PlainGroup& pg = g_plain[key];
+  if (pg.have == 0) pg.write = write;
+  pg.bytes = std::max(pg.bytes, std::max(4u, bytes));
+  pg.offs[t->lane] = off;
+  pg.have |= 1u << t->lane;
+  t->last_key = key;
+  t->last_off = off;
+  t->last_bytes = bytes;
+  t->last_write = write;
 }
 
 void tsan_read(const void* p, size_t n) {

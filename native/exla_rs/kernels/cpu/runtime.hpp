@@ -120,6 +120,12 @@ void tsan_write(const void* p, size_t n);
 // of `bytes` each at shared offsets `offs` (lane order).
 void bank_access(const char* kind, const uint32_t* offs, int n, unsigned bytes);
 
+// A kernel's plain load or store (the statistics build routes the compiler's instrumentation
+// here, shared_access_stats.cpp): shared-memory ones count towards the bank statistics as
+// "ld.shared" / "st.shared", the lanes' k-th access since their last executor call forming one
+// warp instruction. Other addresses are ignored.
+void shared_access(const void* p, unsigned bytes, bool write);
+
 // The shared offset of a generic pointer into the block's dynamic shared memory; fails the launch
 // when it points elsewhere or [p, p + bytes) leaves the launch's dynamic shared memory.
 uint32_t smem_offset(const void* p, size_t bytes, const char* what);

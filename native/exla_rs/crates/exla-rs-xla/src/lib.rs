@@ -86,7 +86,7 @@ pub unsafe extern "C" fn exla_rs_flash_attn_bwd_cuda_on_cpu(frame: *mut XLA_FFI_
 #[cfg(feature = "gpu-on-cpu")]
 #[no_mangle]
 pub unsafe extern "C" fn exla_rs_cuda_on_cpu_launch_counts_json(buf: *mut std::ffi::c_char, len: usize) -> usize {
-    std::panic::catch_unwind(|| cuda_on_cpu::launch_counts_json())
+    std::panic::catch_unwind(cuda_on_cpu::launch_counts_json)
         .map_or(0, |text| cuda_on_cpu::write_c_string(&text, buf, len))
 }
 

@@ -44,6 +44,9 @@ pub struct Case {
     /// `EXLA_RS_GPUSIM_SMS` for the forward (None = the default, 132).
     pub sms: Option<u32>,
     pub backward: bool,
+    /// Allocate the forward's `o` one element short (the harness's `--short-o`): the kernels'
+    /// last store lands past it, which AddressSanitizer must report.
+    pub short_o: bool,
 }
 
 impl Case {
@@ -64,6 +67,7 @@ impl Case {
             path: None,
             sms: None,
             backward: true,
+            short_o: false,
         }
     }
 
@@ -328,7 +332,8 @@ fn run_typed<T: HostElement>(c: &Case, seed: u64) -> Result<Report, String> {
 
     // Forward.
     let fwd_ws = exla_rs_cuda::workspace_bytes(Pass::Forward, c.dtype, &s).ok_or("no CUDA kernel for this call")?;
-    let (o, lse, ws) = (poisoned(s.q_len() * es)?, poisoned(s.lse_len() * 4)?, poisoned(fwd_ws)?);
+    let o_len = if c.short_o { s.q_len() - 1 } else { s.q_len() };
+    let (o, lse, ws) = (poisoned(o_len * es)?, poisoned(s.lse_len() * 4)?, poisoned(fwd_ws)?);
     let fb = FwdBuffers {
         q: d.q.addr(),
         k: d.k.addr(),

@@ -15,7 +15,8 @@
 //! is 0 when every case matched the Host kernels and every kernel was launched, 1 if not.
 //!
 //! Options: `--only SUBSTRING` (cases whose name contains it; skips the coverage check),
-//! `--list`, `--seed N`.
+//! `--list`, `--seed N`, `--short-o` (the forward's `o` one element short: the proof that
+//! AddressSanitizer bounds every buffer exactly; under it the run must end in its report).
 
 mod cases;
 
@@ -31,7 +32,19 @@ fn shape(b: usize, sq: usize, sk: usize, h: usize, hkv: usize, d: usize) -> Attn
     AttnShape { batch: b, seq_q: sq, seq_k: sk, heads: h, kv_heads: hkv, head_dim: d }
 }
 
-/// One option set per case, in rotation, so every option meets several dtypes and head dims.
+/// The option sets, in rotation over the (head dim, dtype) cases, so every option meets several
+/// dtypes and head dims; whether the set needs two batch rows (a fully masked one beside another).
+const OPTIONS: [(&str, bool); 8] = [
+    ("causal", false),
+    ("window_softcap", false),
+    ("ragged", true),
+    ("mask_alibi", true),
+    ("bias1HQK_dbias", false),
+    ("biasB11K_dbias", true),
+    ("dropout", false),
+    ("everything", true),
+];
+
 fn with_options(mut c: Case, n: usize) -> Case {
     let s = c.shape;
     let (b, h, sq, sk) = (s.batch, s.heads, s.seq_q, s.seq_k);
@@ -52,42 +65,74 @@ fn with_options(mut c: Case, n: usize) -> Case {
             (c.bias, c.dbias) = (Some(([1, 1, sq, sk], ElementType::F16)), true);
         }
     }
-    c.name = format!("{}_{}", c.name, ["causal", "window_softcap", "ragged", "mask_alibi", "bias1HQK_dbias", "biasB11K_dbias", "dropout", "everything"][n % 8]);
+    c.name = format!("{}_{}", c.name, OPTIONS[n % 8].0);
     c
 }
 
-/// The option sets of `with_options` that each tensor-core feature set runs (config.rs
+// Sizes. Every CUDA thread is a fiber here, and under ThreadSanitizer a fresh sanitizer thread
+// per block, so a case costs in proportion to the threads its launches start: the shapes are the
+// smallest that still cross each kernel's tiles (rows past one tile and a ragged last tile), with
+// GQA groups of 2. The elementwise kernels (dq conversion, dbias passes) start one thread per
+// element, which is why the backward cases keep Sq small.
+
+/// Query rows of a forward + backward case: past one backward query tile (64 rows up to D = 96,
+/// 32 above), and past the D = 256 forward's 64-row tile.
+fn bwd_rows(d: usize) -> usize {
+    if d <= 96 {
+        70
+    } else {
+        40
+    }
+}
+
+/// Keys: past one key tile of the forward and the backward (64 keys up to D = 128, 32 above).
+fn keys(d: usize) -> usize {
+    if d <= 128 {
+        70
+    } else {
+        40
+    }
+}
+
+/// The option sets (indices into OPTIONS) that each tensor-core feature set runs (config.rs
 /// FeatureSet): plain, masks and additive terms, dropout, both.
 const OPTIONS_PER_FEATURE_SET: [&[usize]; 4] = [&[0, 1, 2], &[3, 4, 5], &[6], &[7]];
 
-/// Every case: the mma.sync kernels at every (dtype, D) once per feature set and the SIMT kernels
-/// once per D, with rotating option sets, the sm90 forward set opted in, and an empty call.
+/// Every case: for each (D, dtype) the SIMT kernels forward and backward with a rotating option
+/// set, or the mma.sync kernels once per feature set (each set is its own kernel image), and
+/// (f16/bf16) a forward-only case past one 128-row forward tile; the sm90 forward set opted in;
+/// an empty call.
 fn all_cases() -> Vec<Case> {
     let mut v = Vec::new();
     let mut n = 0;
     for d in HEAD_DIMS {
         for dt in DTYPES {
-            // Query rows past one 128-row (D = 256: 64-row) forward tile and keys past one 64-key
-            // (D > 128: 32-key) tile, both ragged; GQA groups of 2.
-            let sq = if d <= 192 { 130 } else { 70 };
-            let sk = if d <= 128 { 70 } else { 40 };
-            let case = || Case::new(format!("{}_d{d}", dt.name()), dt, shape(2, sq, sk, 4, 2, d));
-            if dt == ElementType::F32 {
-                v.push(with_options(case(), n));
+            // SIMT kernels: 4-row tiles, keys in 32-lane steps; small shapes cross both.
+            let (sq, sk) = if dt == ElementType::F32 { (37, 45) } else { (bwd_rows(d), keys(d)) };
+            let picks: Vec<usize> = if dt == ElementType::F32 {
+                vec![n % 8]
             } else {
-                // Each feature set is its own kernel image: one case per set.
-                for opts in OPTIONS_PER_FEATURE_SET {
-                    v.push(with_options(case(), opts[n % opts.len()]));
-                }
+                OPTIONS_PER_FEATURE_SET.iter().map(|o| o[n % o.len()]).collect()
+            };
+            for k in picks {
+                let b = if OPTIONS[k].1 { 2 } else { 1 };
+                v.push(with_options(Case::new(format!("{}_d{d}", dt.name()), dt, shape(b, sq, sk, 2, 1, d)), k));
             }
             n += 1;
+            if dt != ElementType::F32 {
+                let tall = if d <= 192 { 130 } else { 70 };
+                let mut c = Case::new(format!("{}_d{d}_tall_fwd", dt.name()), dt, shape(1, tall, keys(d), 2, 1, d));
+                (c.window, c.backward) = ((-1, 0), false);
+                v.push(c);
+            }
         }
     }
     for dt in [ElementType::F16, ElementType::BF16] {
         for d in SM90_HEAD_DIMS {
             // Past one 128-row query tile and one key tile (128 keys, D = 256: 64), ragged.
             let sk = if d <= 128 { 140 } else { 70 };
-            let mut c = Case::new(format!("sm90_{}_d{d}", dt.name()), dt, shape(2, 130, sk, 4, 2, d));
+            let b = if d == 128 { 2 } else { 1 };
+            let mut c = Case::new(format!("sm90_{}_d{d}", dt.name()), dt, shape(b, 130, sk, 2, 1, d));
             c.path = Some("sm90");
             c.backward = false;
             match d {
@@ -127,17 +172,19 @@ struct Args {
     only: Option<String>,
     list: bool,
     seed: u64,
+    short_o: bool,
 }
 
 fn args() -> Result<Args, String> {
-    let mut a = Args { only: None, list: false, seed: 1 };
+    let mut a = Args { only: None, list: false, seed: 1, short_o: false };
     let mut it = std::env::args().skip(1);
     while let Some(x) = it.next() {
         match x.as_str() {
             "--only" => a.only = Some(it.next().ok_or("--only needs a substring")?),
             "--list" => a.list = true,
+            "--short-o" => a.short_o = true,
             "--seed" => a.seed = it.next().and_then(|s| s.parse().ok()).ok_or("--seed needs an integer")?,
-            other => return Err(format!("unknown argument {other:?} (--only SUBSTRING, --list, --seed N)")),
+            other => return Err(format!("unknown argument {other:?} (--only SUBSTRING, --list, --seed N, --short-o)")),
         }
     }
     Ok(a)
@@ -148,10 +195,22 @@ fn main() {
         eprintln!("gpu_on_cpu_check: {e}");
         std::process::exit(2)
     });
-    let cases: Vec<Case> = all_cases().into_iter().filter(|c| a.only.as_ref().map_or(true, |o| c.name.contains(o.as_str()))).collect();
+    let wanted = |c: &Case| match &a.only {
+        Some(o) => c.name.contains(o.as_str()),
+        None => true,
+    };
+    let mut cases: Vec<Case> = all_cases().into_iter().filter(wanted).collect();
+    cases.iter_mut().for_each(|c| c.short_o = a.short_o);
     if a.list {
         cases.iter().for_each(|c| println!("{}", c.name));
         return;
+    }
+    // The Host reference kernels run on this thread alone: Rust's synchronisation is not
+    // instrumented, so ThreadSanitizer would report rayon's hand-offs between its workers as races.
+    // One thread, no worker: every report is the kernels' own.
+    if let Err(e) = rayon::ThreadPoolBuilder::new().num_threads(1).use_current_thread().build_global() {
+        eprintln!("gpu_on_cpu_check: {e}");
+        std::process::exit(2)
     }
     let device = exla_rs_cuda::gpusim_device().unwrap_or_else(|e| {
         eprintln!("gpu_on_cpu_check: {e}");
