@@ -300,8 +300,10 @@ __device__ __forceinline__ void flash_bwd(const BwdParams& p) {
       // Dropout keep bits of the step (all ones without dropout). With BM = 64 (D <= 96) they are
       // found before S^T and dP^T take their registers: after them, the Philox state and the tie
       // path's values spilled bwd_*_d96 on sm_86/89. With BM = 32 they are found after (before
-      // them spilled bwd_*_d192 on sm_90): ptxas -v, every head dim and arch of the build.
-      constexpr bool kDropEarly = BM == 64;
+      // them spilled bwd_*_d192 on sm_90): ptxas -v, every head dim and arch of the build. The
+      // masks' set finds them late at any BM: early, beside the masks' registers, bwd_*_d96_mask_drop
+      // spilled 4 bytes (sm_80, sm_90); late it holds 255 registers and spills nothing.
+      constexpr bool kDropEarly = BM == 64 && !kMasks;
       unsigned keep_bits = ~0u;
       if (kDropEarly && has_drop) keep_bits = dropout_keep_bits_t<BM>(Dropout::load(x), b, h, m0, n0 + ks * 16, g, tig);
 
