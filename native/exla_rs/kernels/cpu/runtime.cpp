@@ -870,26 +870,20 @@ void shared_access(const void* p, unsigned bytes, bool write) {
   t->last_write = write;
 }
 
-void tsan_read(const void* p, size_t n) {
+// A memory effect the core performs for the current context, reported outside the core's ignore.
+static void tsan_range(const void* p, size_t n, bool write) {
 #if defined(EXLA_RS_GPUSIM_TSAN)
   if (!g_in_engine) __tsan_ignore_thread_end();
-  __tsan_read_range(const_cast<void*>(p), n);
+  (write ? __tsan_write_range : __tsan_read_range)(const_cast<void*>(p), n);
   if (!g_in_engine) __tsan_ignore_thread_begin();
 #else
   (void)p;
   (void)n;
+  (void)write;
 #endif
 }
-void tsan_write(const void* p, size_t n) {
-#if defined(EXLA_RS_GPUSIM_TSAN)
-  if (!g_in_engine) __tsan_ignore_thread_end();
-  __tsan_write_range(const_cast<void*>(p), n);
-  if (!g_in_engine) __tsan_ignore_thread_begin();
-#else
-  (void)p;
-  (void)n;
-#endif
-}
+void tsan_read(const void* p, size_t n) { tsan_range(p, n, false); }
+void tsan_write(const void* p, size_t n) { tsan_range(p, n, true); }
 
 // Shared memory has 32 banks of 4 bytes. A warp access is served in phases: 128 bytes of lane
 // accesses at a time (8 lanes of 16 bytes, 16 of 8, 32 of 4); inside a phase each bank delivers one
