@@ -70,6 +70,11 @@ step "CUDA kernels: SASS statistics, no spills" "$EXLA_RS_VENVS/jax-0.10.2/bin/p
 # The CUDA kernels themselves, executed on the CPU with the GPU's semantics (issue 22): test/gpu
 # through real XLA for the mma.sync and the sm90 kernel sets, and the harness that launches every
 # kernel image under ThreadSanitizer and AddressSanitizer (the script prints each part's time).
+# The executor's own checks first: its PTX models against independent references, its
+# collective/deadlock/timing checks, the planted race and out-of-bounds store the sanitizers must
+# catch, and the sm90 instruction models from first principles.
+step "GPU-on-CPU executor tests" native/exla_rs/kernels/cpu/tests/run_executor_test.sh
+step "GPU-on-CPU sm90 instruction models" native/exla_rs/kernels/cpu/tests/run_sm90_models_test.sh "$EXLA_RS_VENVS/jax-0.10.2/bin/python"
 step "CUDA kernels on the CPU (scripts/gpu_on_cpu.sh)" ./scripts/gpu_on_cpu.sh
 # The README's main job, small: it must run to its check and its timings.
 step "demo (scripts/demo.py, S=256)" "$EXLA_RS_VENVS/jax-0.10.2/bin/python" scripts/demo.py --seq 256 --repeats 1
