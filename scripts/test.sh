@@ -35,7 +35,7 @@ count_tests() {
 step() { # step NAME CMD...: runs one suite, records its outcome and test counts, keeps going.
   local name=$1; shift
   echo; echo "=== $name"
-  local log=$logs/${#results[@]}.log
+  local log=$logs/${#results[@]}.log start=$SECONDS
   "$@" 2>&1 | tee "$log"
   local rc=${PIPESTATUS[0]} counts passed failed
   counts=$(count_tests "$log")
@@ -49,6 +49,8 @@ step() { # step NAME CMD...: runs one suite, records its outcome and test counts
     if ((rc == 0)); then passed=1 failed=0; else passed=0 failed=1; fi
   fi
   total_passed=$((total_passed + passed)) total_failed=$((total_failed + failed))
+  # Each step's wall time in the summary: CI's budget is watched from it.
+  counts+=" [$((SECONDS - start)) s]"
   if ((rc == 0)); then results+=("PASS $name$counts"); else results+=("FAIL $name$counts"); fi
 }
 
@@ -103,5 +105,6 @@ echo; echo "=== summary"
 failed_steps=0
 for r in "${results[@]}"; do echo "$r"; [[ $r == FAIL* ]] && failed_steps=$((failed_steps + 1)); done
 # Tests across every suite (a step without a runner counts as one).
+echo "wall time: $SECONDS s"
 echo "$total_passed passed, $total_failed failed"
 ((failed_steps == 0))
