@@ -92,7 +92,9 @@ defmodule ExlaRs.MixProject do
           ExlaRs.NIF
         ]
       ],
-      assets: %{"docs/assets" => "assets"}
+      assets: %{"docs/assets" => "assets"},
+      # Bumblebee documents neither: shown as code, not links (no hidden-reference warnings).
+      skip_code_autolink_to: ["Bumblebee.Layers.attention/8", "Bumblebee.Layers.Transformer"]
     ]
   end
 

@@ -14,6 +14,8 @@
 #   tsan         the sanitizer harness (examples/gpu_on_cpu_check: every kernel image) with the
 #   asan         executor and kernels built under ThreadSanitizer / AddressSanitizer
 #   mutations    each planted kernel bug must be caught by its named check, the tree must pass
+#   stats        shared-memory bank conflicts per kernel (bench/bank_conflicts.py) on the
+#                statistics build of the library (ld/st.shared counted too), target dir gpu_on_cpu_stats
 #
 # Each step's output goes to $EXLA_RS_GPUSIM_LOGS (default: a temporary directory; shown in full
 # when the step fails); each prints its time and test counts, and the script ends with
@@ -83,12 +85,16 @@ step_asan() {
   echo "ok: AddressSanitizer reports the store past an output one element short"
 }
 step_mutations() { python3 scripts/gpu_on_cpu_mutations.py; }
+step_stats() {
+  EXLA_RS_GPUSIM_SANITIZE=stats cargo_gpusim gpu_on_cpu_stats build -p exla-rs-xla --features gpu-on-cpu || return 1
+  EXLA_RS_XLA_LIB=$TARGET/gpu_on_cpu_stats/gpusim/libexla_rs_xla.so "$PY" bench/bank_conflicts.py --markdown
+}
 
 # ---------------------------------------------------------------------------------------------
 # Bookkeeping: per-step time, counts and outcome.
 
 DEFAULT_STEPS=(build rust tests-mma tests-sm90 tsan asan)
-ALL_STEPS=("${DEFAULT_STEPS[@]}" mutations)
+ALL_STEPS=("${DEFAULT_STEPS[@]}" mutations stats)
 summary=()
 total_passed=0 total_failed=0
 

@@ -35,7 +35,7 @@ count_tests() {
 step() { # step NAME CMD...: runs one suite, records its outcome and test counts, keeps going.
   local name=$1; shift
   echo; echo "=== $name"
-  local log=$logs/${#results[@]}.log
+  local log=$logs/${#results[@]}.log start=$SECONDS
   "$@" 2>&1 | tee "$log"
   local rc=${PIPESTATUS[0]} counts passed failed
   counts=$(count_tests "$log")
@@ -49,6 +49,8 @@ step() { # step NAME CMD...: runs one suite, records its outcome and test counts
     if ((rc == 0)); then passed=1 failed=0; else passed=0 failed=1; fi
   fi
   total_passed=$((total_passed + passed)) total_failed=$((total_failed + failed))
+  # Each step's wall time in the summary: CI's budget is watched from it.
+  counts+=" [$((SECONDS - start)) s]"
   if ((rc == 0)); then results+=("PASS $name$counts"); else results+=("FAIL $name$counts"); fi
 }
 
@@ -73,6 +75,11 @@ step "CUDA kernels: plain set within its SASS budget" "$EXLA_RS_VENVS/jax-0.10.2
 # The CUDA kernels themselves, executed on the CPU with the GPU's semantics (issue 22): test/gpu
 # through real XLA for the mma.sync and the sm90 kernel sets, and the harness that launches every
 # kernel image under ThreadSanitizer and AddressSanitizer (the script prints each part's time).
+# The executor's own checks first: its PTX models against independent references, its
+# collective/deadlock/timing checks, the planted race and out-of-bounds store the sanitizers must
+# catch, and the sm90 instruction models from first principles.
+step "GPU-on-CPU executor tests" native/exla_rs/kernels/cpu/tests/run_executor_test.sh
+step "GPU-on-CPU sm90 instruction models" native/exla_rs/kernels/cpu/tests/run_sm90_models_test.sh "$EXLA_RS_VENVS/jax-0.10.2/bin/python"
 step "CUDA kernels on the CPU (scripts/gpu_on_cpu.sh)" ./scripts/gpu_on_cpu.sh
 # The README's main job, small: it must run to its check and its timings.
 step "demo (scripts/demo.py, S=256)" "$EXLA_RS_VENVS/jax-0.10.2/bin/python" scripts/demo.py --seq 256 --repeats 1
@@ -101,5 +108,6 @@ echo; echo "=== summary"
 failed_steps=0
 for r in "${results[@]}"; do echo "$r"; [[ $r == FAIL* ]] && failed_steps=$((failed_steps + 1)); done
 # Tests across every suite (a step without a runner counts as one).
+echo "wall time: $SECONDS s"
 echo "$total_passed passed, $total_failed failed"
 ((failed_steps == 0))

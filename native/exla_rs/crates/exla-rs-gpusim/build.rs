@@ -7,10 +7,13 @@
 //! command line changed, on `NUM_JOBS` threads: the kernel headers are heavy templates and an
 //! edit to the runtime should not recompile 37 kernel files.
 //!
-//! Environment: `CXX` (default `g++`), `AR` (default `ar`), `EXLA_RS_GPUSIM_SANITIZE=thread|address`
-//! (every unit gets `-DEXLA_RS_GPUSIM_TSAN` / `-DEXLA_RS_GPUSIM_ASAN`, and all but the
-//! [`UNINSTRUMENTED`] ones `-fsanitize=`; final binaries must link with `-fsanitize=` too:
-//! dependents read `DEP_EXLA_RS_GPUSIM_SANITIZE`), `EXLA_RS_GPUSIM_CXXFLAGS` (extra flags, appended).
+//! Environment: `CXX` (default `g++`), `AR` (default `ar`), `EXLA_RS_GPUSIM_CXXFLAGS` (extra flags,
+//! appended), `EXLA_RS_GPUSIM_SANITIZE` (see [`Mode`]): `thread` / `address` (every unit gets
+//! `-DEXLA_RS_GPUSIM_TSAN` / `-DEXLA_RS_GPUSIM_ASAN`, all but the [`UNINSTRUMENTED`] core
+//! `-fsanitize=`; final binaries must link with `-fsanitize=` too: dependents read
+//! `DEP_EXLA_RS_GPUSIM_SANITIZE`), or `stats` (the statistics build: the kernels' units get
+//! ThreadSanitizer's instrumentation, routed by `kernels/cpu/stats/*.cpp` to the executor's
+//! shared-memory bank statistics instead of libtsan; nothing is checked).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -29,6 +32,66 @@ const BASE_FLAGS: [&str; 7] = ["-O2", "-g1", "-std=c++17", "-DEXLA_RS_CPU", "-fn
 /// core reports the memory effects it performs for a kernel to the sanitizers itself.
 const UNINSTRUMENTED: [&str; 2] = ["runtime.cpp", "fiber.cpp"];
 
+/// What `EXLA_RS_GPUSIM_SANITIZE` asks for.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    Plain,
+    Thread,
+    Address,
+    Stats,
+}
+
+impl Mode {
+    fn from_env() -> Result<Mode, String> {
+        match std::env::var("EXLA_RS_GPUSIM_SANITIZE").as_deref().map(str::trim) {
+            Err(_) | Ok("") | Ok("none") => Ok(Mode::Plain),
+            Ok("thread") => Ok(Mode::Thread),
+            Ok("address") => Ok(Mode::Address),
+            Ok("stats") => Ok(Mode::Stats),
+            Ok(other) => Err(format!("EXLA_RS_GPUSIM_SANITIZE={other:?}: expected thread, address, stats or none")),
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Mode::Plain => "none",
+            Mode::Thread => "thread",
+            Mode::Address => "address",
+            Mode::Stats => "stats",
+        }
+    }
+
+    /// Flags of every unit: the switch the core keys its sanitizer calls on.
+    fn flags(self) -> &'static [&'static str] {
+        match self {
+            // -fno-omit-frame-pointer: whole stacks in sanitizer reports.
+            Mode::Thread => &["-DEXLA_RS_GPUSIM_TSAN", "-fno-omit-frame-pointer"],
+            Mode::Address => &["-DEXLA_RS_GPUSIM_ASAN", "-fno-omit-frame-pointer"],
+            Mode::Plain | Mode::Stats => &[],
+        }
+    }
+
+    /// The instrumentation a unit gets: the sanitizers instrument everything but the core; the
+    /// statistics build only the kernels (the models report their own accesses).
+    fn instrument(self, u: &Unit) -> Option<&'static str> {
+        match self {
+            Mode::Thread if u.instrumentable => Some("-fsanitize=thread"),
+            Mode::Address if u.instrumentable => Some("-fsanitize=address"),
+            Mode::Stats if u.cuda => Some("-fsanitize=thread"),
+            _ => None,
+        }
+    }
+
+    /// The sanitizer runtime binaries must link.
+    fn runtime(self) -> Option<&'static str> {
+        match self {
+            Mode::Thread => Some("tsan"),
+            Mode::Address => Some("asan"),
+            Mode::Plain | Mode::Stats => None,
+        }
+    }
+}
+
 fn main() {
     let manifest = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").unwrap());
     let kernels = manifest.join("../../kernels").canonicalize().expect("native/exla_rs/kernels is missing");
@@ -38,62 +101,49 @@ fn main() {
         println!("cargo:rerun-if-env-changed={v}");
     }
 
-    let sanitize = sanitizer().unwrap_or_else(|e| panic!("{e}"));
+    let mode = Mode::from_env().unwrap_or_else(|e| panic!("{e}"));
     let cxx = std::env::var("CXX").unwrap_or_else(|_| "g++".into());
     let mut flags: Vec<String> = BASE_FLAGS.iter().map(|s| s.to_string()).collect();
     flags.push(format!("-I{}", kernels.display()));
-    if let Some(s) = sanitize {
-        flags.push(if s == "thread" { "-DEXLA_RS_GPUSIM_TSAN" } else { "-DEXLA_RS_GPUSIM_ASAN" }.into());
-        // Whole stacks in sanitizer reports.
-        flags.push("-fno-omit-frame-pointer".into());
-    }
+    flags.extend(mode.flags().iter().map(|s| s.to_string()));
     if let Ok(extra) = std::env::var("EXLA_RS_GPUSIM_CXXFLAGS") {
         flags.extend(extra.split_whitespace().map(str::to_string));
     }
-    let instrument = sanitize.map(|s| format!("-fsanitize={s}"));
 
-    let units = sources(&kernels);
-    // One object directory per sanitizer mode: switching EXLA_RS_GPUSIM_SANITIZE in one target dir
+    let units = sources(&kernels, mode);
+    // One object directory per mode: switching EXLA_RS_GPUSIM_SANITIZE in one target dir
     // (scripts/gpu_on_cpu.sh) re-archives that mode's objects instead of recompiling them.
-    let obj_dir = out.join(format!("obj-{}", sanitize.unwrap_or("none")));
+    let obj_dir = out.join(format!("obj-{}", mode.name()));
     std::fs::create_dir_all(&obj_dir).unwrap();
-    let objects = compile_all(&cxx, &flags, instrument.as_deref(), &units, &obj_dir);
+    let objects = compile_all(&cxx, &flags, mode, &units, &obj_dir);
     archive(&objects, &out.join("libexla_rs_gpusim.a"));
 
     println!("cargo:rustc-link-search=native={}", out.display());
     println!("cargo:rustc-link-lib=static=exla_rs_gpusim");
-    if let Some(s) = sanitize {
+    if let Some(rt) = mode.runtime() {
         // The runtime the instrumented objects call into, named before libstdc++: AddressSanitizer
         // refuses to start unless its runtime comes first in the executable's library list. A
         // final executable must also be linked with -fsanitize= (dependents learn the mode here).
-        println!("cargo:rustc-link-lib=dylib={}", if s == "thread" { "tsan" } else { "asan" });
-        println!("cargo:sanitize={s}");
-        println!("cargo:rustc-env=EXLA_RS_GPUSIM_SANITIZE_BUILT={s}");
+        println!("cargo:rustc-link-lib=dylib={rt}");
+        println!("cargo:sanitize={}", mode.name());
+    }
+    if mode != Mode::Plain {
+        println!("cargo:rustc-env=EXLA_RS_GPUSIM_SANITIZE_BUILT={}", mode.name());
     }
     println!("cargo:rustc-link-lib=dylib=stdc++");
 }
 
-/// `EXLA_RS_GPUSIM_SANITIZE`: None, `thread` or `address`.
-fn sanitizer() -> Result<Option<&'static str>, String> {
-    match std::env::var("EXLA_RS_GPUSIM_SANITIZE").as_deref().map(str::trim) {
-        Err(_) | Ok("") | Ok("none") => Ok(None),
-        Ok("thread") => Ok(Some("thread")),
-        Ok("address") => Ok(Some("address")),
-        Ok(other) => Err(format!("EXLA_RS_GPUSIM_SANITIZE={other:?}: expected thread, address or none")),
-    }
-}
-
 /// One translation unit: its source, whether it is CUDA text (`.cu`, compiled with `-x c++`),
-/// whether the sanitizer instruments it, and its object's name (the set as a prefix: stems
-/// repeat across directories).
+/// whether a sanitizer may instrument it (all but the core), and its object's name (the set as a
+/// prefix: stems repeat across directories).
 struct Unit {
     src: PathBuf,
     cuda: bool,
-    instrumented: bool,
+    instrumentable: bool,
     obj: String,
 }
 
-fn sources(kernels: &Path) -> Vec<Unit> {
+fn sources(kernels: &Path, mode: Mode) -> Vec<Unit> {
     let list = |dir: &str, ext: &str| -> Vec<PathBuf> {
         let path = kernels.join(dir);
         let mut v: Vec<PathBuf> = std::fs::read_dir(&path)
@@ -110,26 +160,29 @@ fn sources(kernels: &Path) -> Vec<Unit> {
         "{}: no *.cpp: the GPU-on-CPU runtime (kernels/cpu: runtime, PTX models, kernel table) is missing",
         kernels.join("cpu").display()
     );
+    let mut sets = vec![("cpu", "cpp", "cpu_", false), ("inst", "cu", "inst_", true), ("sm90/inst", "cu", "sm90_", true)];
+    if mode == Mode::Stats {
+        // The instrumentation's entry points, performed by the executor instead of libtsan.
+        sets.push(("cpu/stats", "cpp", "stats_", false));
+    }
     let mut units = Vec::new();
-    for (dir, ext, prefix, cuda) in [("cpu", "cpp", "cpu_", false), ("inst", "cu", "inst_", true), ("sm90/inst", "cu", "sm90_", true)] {
+    for (dir, ext, prefix, cuda) in sets {
         let files = if dir == "cpu" { runtime.clone() } else { list(dir, ext) };
-        assert!(!files.is_empty(), "no kernels in {}", kernels.join(dir).display());
+        assert!(!files.is_empty(), "no sources in {}", kernels.join(dir).display());
         for src in files {
             let stem = src.file_stem().unwrap().to_str().unwrap().to_string();
-            let instrumented = cuda || !UNINSTRUMENTED.contains(&src.file_name().unwrap().to_str().unwrap());
-            units.push(Unit { src, cuda, instrumented, obj: format!("{prefix}{stem}.o") });
+            let instrumentable = cuda || !UNINSTRUMENTED.contains(&src.file_name().unwrap().to_str().unwrap());
+            units.push(Unit { src, cuda, instrumentable, obj: format!("{prefix}{stem}.o") });
         }
     }
     units
 }
 
 /// The compiler's command line for one unit (also its staleness stamp).
-fn command_line(cxx: &str, flags: &[String], instrument: Option<&str>, u: &Unit, obj: &Path) -> Vec<String> {
+fn command_line(cxx: &str, flags: &[String], mode: Mode, u: &Unit, obj: &Path) -> Vec<String> {
     let mut args = vec![cxx.to_string()];
     args.extend(flags.iter().cloned());
-    if let (Some(f), true) = (instrument, u.instrumented) {
-        args.push(f.to_string());
-    }
+    args.extend(mode.instrument(u).map(str::to_string));
     args.extend(["-MMD".into(), "-MF".into(), obj.with_extension("d").display().to_string(), "-c".into()]);
     if u.cuda {
         args.extend(["-x".into(), "c++".into()]);
@@ -167,7 +220,7 @@ fn stale(obj: &Path, cmd: &str) -> bool {
 }
 
 /// Compiles the stale units on `NUM_JOBS` threads; returns every object, in unit order.
-fn compile_all(cxx: &str, flags: &[String], instrument: Option<&str>, units: &[Unit], obj_dir: &Path) -> Vec<PathBuf> {
+fn compile_all(cxx: &str, flags: &[String], mode: Mode, units: &[Unit], obj_dir: &Path) -> Vec<PathBuf> {
     let jobs: usize = std::env::var("NUM_JOBS")
         .ok()
         .and_then(|j| j.parse().ok())
@@ -176,7 +229,7 @@ fn compile_all(cxx: &str, flags: &[String], instrument: Option<&str>, units: &[U
     let mut todo = Vec::new();
     for u in units {
         let obj = obj_dir.join(&u.obj);
-        let cmd = command_line(cxx, flags, instrument, u, &obj);
+        let cmd = command_line(cxx, flags, mode, u, &obj);
         if stale(&obj, &cmd.join(" ")) {
             todo.push((obj, cmd));
         }

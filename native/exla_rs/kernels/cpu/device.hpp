@@ -380,7 +380,7 @@ inline void ldmatrix_impl(unsigned (&r)[N], const void* smem, bool trans) {
   static_assert(N == 1 || N == 2 || N == 4, "ldmatrix .x1, .x2 or .x4");
   static const LdmatrixShape shapes[2] = {{N, false}, {N, true}};
   exla_rs_gpusim::LaneIo io;
-  memset(io.in, 0, 16);
+  memset(io.in, 0, sizeof io.in);
   io.aux = 0;
   if ((int)exla_rs_gpusim::linear_tid() % 32 < 8 * N) {
     const uint32_t off = exla_rs_gpusim::smem_offset(smem, 16, trans ? "ldmatrix.trans row" : "ldmatrix row");

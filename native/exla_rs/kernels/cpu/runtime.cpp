@@ -755,29 +755,35 @@ void wgmma_commit() {
 void wgmma_wait(unsigned pending) {
   ThreadState* t = g->cur;
   auto& a = g->wg_async[t->tid / 128];
-  while (a.groups.size() > pending) {
+  if (a.groups.size() <= pending) return;
+  // The tensor cores retire the oldest groups in one ThreadSanitizer context: a warpgroup's
+  // wgmma operations on one accumulator are ordered by the hardware (each op of a group reads
+  // the accumulators the previous one wrote), and each op happens after its issue (its token).
+  void* prev = tsan_current();
+  void* eng = tsan_context_create();
+  const bool was_engine = g_in_engine;
+  if (eng) {
+    tsan_context_switch(eng);
+    g_in_engine = true;
+  }
+  const char* err = nullptr;
+  while (a.groups.size() > pending && !err) {
     std::vector<AsyncMath> grp = std::move(a.groups.front());
     a.groups.pop_front();
     for (auto& m : grp) {
-      void* prev = tsan_current();
-      void* eng = tsan_context_create();
-      const bool was_engine = g_in_engine;
-      if (eng) {
-        tsan_context_switch(eng);
-        g_in_engine = true;
-      }
       if (m.token) tsan_acquire(m.token);
-      const char* err = m.fn(m.ctx.data(), g->smem, g->smem_bytes);
-      tsan_release(&a.done_sync);
-      if (eng) {
-        g_in_engine = was_engine;
-        tsan_context_switch(prev);
-        tsan_context_destroy(eng);
-      }
+      if (!err) err = m.fn(m.ctx.data(), g->smem, g->smem_bytes);
       delete static_cast<char*>(m.token);
-      if (err) fail("wgmma: %s", err);
+      m.token = nullptr;
     }
   }
+  tsan_release(&a.done_sync);
+  if (eng) {
+    g_in_engine = was_engine;
+    tsan_context_switch(prev);
+    tsan_context_destroy(eng);
+  }
+  if (err) fail("wgmma: %s", err);
 }
 
 void wgmma_retired_acquire() {
@@ -864,26 +870,20 @@ void shared_access(const void* p, unsigned bytes, bool write) {
   t->last_write = write;
 }
 
-void tsan_read(const void* p, size_t n) {
+// A memory effect the core performs for the current context, reported outside the core's ignore.
+static void tsan_range(const void* p, size_t n, bool write) {
 #if defined(EXLA_RS_GPUSIM_TSAN)
   if (!g_in_engine) __tsan_ignore_thread_end();
-  __tsan_read_range(const_cast<void*>(p), n);
+  (write ? __tsan_write_range : __tsan_read_range)(const_cast<void*>(p), n);
   if (!g_in_engine) __tsan_ignore_thread_begin();
 #else
   (void)p;
   (void)n;
+  (void)write;
 #endif
 }
-void tsan_write(const void* p, size_t n) {
-#if defined(EXLA_RS_GPUSIM_TSAN)
-  if (!g_in_engine) __tsan_ignore_thread_end();
-  __tsan_write_range(const_cast<void*>(p), n);
-  if (!g_in_engine) __tsan_ignore_thread_begin();
-#else
-  (void)p;
-  (void)n;
-#endif
-}
+void tsan_read(const void* p, size_t n) { tsan_range(p, n, false); }
+void tsan_write(const void* p, size_t n) { tsan_range(p, n, true); }
 
 // Shared memory has 32 banks of 4 bytes. A warp access is served in phases: 128 bytes of lane
 // accesses at a time (8 lanes of 16 bytes, 16 of 8, 32 of 4); inside a phase each bank delivers one

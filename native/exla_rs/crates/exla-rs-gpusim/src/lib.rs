@@ -22,6 +22,7 @@ pub use memory::DeviceAlloc;
 pub use stats::{stats_json, stats_reset};
 pub use tensor_map::{encode_tensor_map, TensorMap, TiledMapArgs};
 
-/// The sanitizer this build instruments the kernels with (`EXLA_RS_GPUSIM_SANITIZE` at build
-/// time): `"thread"`, `"address"` or None.
+/// The instrumentation this build of the executor has (`EXLA_RS_GPUSIM_SANITIZE` at build time):
+/// `"thread"`, `"address"`, `"stats"` (bank statistics of plain shared-memory loads and stores) or
+/// None.
 pub const SANITIZER: Option<&str> = option_env!("EXLA_RS_GPUSIM_SANITIZE_BUILT");
