@@ -12,8 +12,8 @@
 # Publish: upload the .tar.gz files to the release's base URL (the GitHub release v<version>,
 # or a mirror), then `mix hex.publish package` from the staging copy printed at the end.
 #
-# Every artifact embeds every CUDA kernel (sm_80, sm_86, sm_89, sm_90 and sm_90a machine code,
-# compute_90 PTX), so one file serves CPU-only and GPU machines: nvcc is required (scripts/env.sh
+# Every artifact embeds every CUDA kernel (sm_80, sm_90 and sm_90a machine code, compute_90 PTX;
+# sm_86/sm_89 GPUs run the sm_80 images), so one file serves CPU-only and GPU machines: nvcc is required (scripts/env.sh
 # finds the pip nvcc setup.sh installs), and the script refuses an artifact without them.
 # Only x86_64-unknown-linux-gnu is built; see docs/getting-started.md for the other targets.
 set -euo pipefail
@@ -68,9 +68,9 @@ pack() { # pack DIR FILE TARBALL
 
 # check_kernels SO: every kernel file's fatbin is inside (build.rs embeds them as data, so
 # cuobjdump does not see them in the library itself): cut each fatbin out by its header (magic
-# 0xBA55ED50, u16 version, u16 header size, u64 payload size) and list its images. Each of the 37
-# kernel files must be there, with sm_80, sm_86, sm_89 and sm_90 cubins and compute_90 PTX for
-# the mma.sync set, and sm_90a cubins for the sm90 set.
+# 0xBA55ED50, u16 version, u16 header size, u64 payload size) and list its images. Each kernel
+# file must be there, with sm_80 and sm_90 cubins and compute_90 PTX for the mma.sync set (one
+# file per dtype, head dim and feature set), and sm_90a cubins for the sm90 set.
 check_kernels() {
   local dir=$stage/fatbins
   rm -rf "$dir" && mkdir -p "$dir"
@@ -97,7 +97,7 @@ PY
   local mma=$(ls native/exla_rs/kernels/inst/*.cu | wc -l) sm90=$(ls native/exla_rs/kernels/sm90/inst/*.cu | wc -l)
   ((files == want)) || { echo "release.sh: $1 holds $files kernel fatbins, not $want" >&2; return 1; }
   local arch count
-  for arch in sm_80 sm_86 sm_89 sm_90 sm_90a; do
+  for arch in sm_80 sm_90 sm_90a; do
     count=$(grep -c "\.$arch\.cubin" <<<"$all_elf" || true)
     [[ $arch == sm_90a ]] && need=$sm90 || need=$mma
     ((count >= need)) || { echo "release.sh: $1 has $count $arch cubins, not $need" >&2; return 1; }

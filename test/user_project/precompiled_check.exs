@@ -21,7 +21,7 @@ status = ExlaRs.status()
 check.(status.nif == :loaded, "status.nif: #{inspect(status.nif)}")
 check.(status.nif_source == :precompiled and status.nif_path <> ".so" == nif, "status: #{inspect(status)}")
 archs = status.kernels.embedded_archs
-check.(Enum.all?(~w(sm_80 sm_86 sm_89 sm_90), &(&1 in archs)), "embedded archs: #{inspect(archs)}")
+check.(Enum.all?(~w(sm_80 sm_90), &(&1 in archs)), "embedded archs: #{inspect(archs)}")
 check.(status.kernels.nvcc_version != nil, "kernels not built by nvcc: #{inspect(status.kernels)}")
 IO.puts(ExlaRs.Status.Formatter.format(status))
 IO.puts("kernels: #{inspect(archs)} + PTX #{status.kernels.ptx_arch}, nvcc #{status.kernels.nvcc_version}")
