@@ -23,7 +23,7 @@
 #
 # Knobs: EXLA_RS_GPUSIM_MAX_SEQ (longest sequence test/gpu keeps on the CPU, default 160: above
 # the kernels' largest tile, 128 rows), EXLA_RS_SEED (replays test inputs), EXLA_RS_GPUSIM_JOBS
-# (1 = run the two test/gpu kernel sets one after the other instead of side by side).
+# (test/gpu's mma.sync run in that many shards side by side, default 2).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/env.sh
@@ -36,6 +36,7 @@ mkdir -p "$LOGS"
 # No fatbins: the executor runs the kernels' C++ build, nvcc would only add minutes.
 export EXLA_RS_CUDA_NVCC=0
 export EXLA_RS_GPUSIM_MAX_SEQ=${EXLA_RS_GPUSIM_MAX_SEQ:-160}
+JOBS=${EXLA_RS_GPUSIM_JOBS:-2}
 # A sanitizer report ends the harness at once with these exit codes.
 export TSAN_OPTIONS="halt_on_error=1 exitcode=66 second_deadlock_stack=1 ${TSAN_OPTIONS:-}"
 export ASAN_OPTIONS="detect_leaks=0 halt_on_error=1 exitcode=67 ${ASAN_OPTIONS:-}"
@@ -58,11 +59,29 @@ step_rust() {
   cargo_gpusim gpu_on_cpu test -p exla-rs-gpusim -p exla-rs-cuda -p exla-rs-xla --features exla-rs-xla/gpu-on-cpu
 }
 
-pytest_gpu() { # pytest_gpu [ENV=VALUE ...]: test/gpu on the gpu-on-cpu library
-  env EXLA_RS_TEST_PLATFORM=cuda-on-cpu EXLA_RS_XLA_LIB="$LIB" "$@" \
-    "$PY" -m pytest -q -p no:cacheprovider -o console_output_style=count test/gpu/test_cuda_xla.py
+pytest_gpu() { # pytest_gpu [ENV=VALUE ...] [PYTEST ARGS ...]: test/gpu on the gpu-on-cpu library
+  local envs=()
+  while (($#)) && [[ $1 == *=* && $1 != -* ]]; do envs+=("$1"); shift; done
+  env EXLA_RS_TEST_PLATFORM=cuda-on-cpu EXLA_RS_XLA_LIB="$LIB" "${envs[@]}" \
+    "$PY" -m pytest -q -p no:cacheprovider -o console_output_style=count test/gpu/test_cuda_xla.py "$@"
 }
-step_tests_mma() { pytest_gpu EXLA_RS_CUDA_PATH=auto; }
+step_tests_mma() {
+  # The longest step: $JOBS shards side by side (conftest.py's EXLA_RS_TEST_SHARD), then the
+  # coverage test on the union of the kernels they launched; the last line sums the three runs.
+  local dir=$LOGS/tests-mma.shards i rc=0 pids=()
+  rm -rf "$dir" && mkdir -p "$dir"
+  for ((i = 0; i < JOBS; i++)); do
+    pytest_gpu EXLA_RS_CUDA_PATH=auto EXLA_RS_TEST_SHARD=$i/$JOBS EXLA_RS_TEST_LAUNCHES_DIR="$dir" >"$dir/$i.log" 2>&1 &
+    pids+=($!)
+  done
+  for i in "${!pids[@]}"; do wait "${pids[$i]}" || rc=1; echo "--- shard $i/$JOBS"; cat "$dir/$i.log"; done
+  pytest_gpu EXLA_RS_CUDA_PATH=auto EXLA_RS_TEST_LAUNCHES_DIR="$dir" -k test_every_kernel_was_launched >"$dir/coverage.log" 2>&1 || rc=1
+  echo "--- coverage"; cat "$dir/coverage.log"
+  cat "$dir"/*.log | awk '/^=* *[0-9]+ (passed|failed|error)/ || /^[0-9]+ (passed|failed)(,| in )/ {
+      for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^(failed|errors?)/) f += $i } }
+    END { print "(shards and coverage)"; print p + 0 " passed, " f + 0 " failed" }'
+  return $rc
+}
 step_tests_sm90() { pytest_gpu EXLA_RS_CUDA_PATH=sm90; }
 
 HARNESS=$TARGET/gpu_on_cpu/gpusim/examples/gpu_on_cpu_check
@@ -138,25 +157,7 @@ for s in "${steps[@]}"; do
 done
 
 started=$SECONDS
-parallel_tests=0
-[[ ${EXLA_RS_GPUSIM_JOBS:-2} -ge 2 && " ${steps[*]} " == *" tests-mma "* && " ${steps[*]} " == *" tests-sm90 "* ]] && parallel_tests=1
 for s in "${steps[@]}"; do
-  if ((parallel_tests)) && [[ $s == tests-mma ]]; then
-    # The two kernel sets side by side: each pytest keeps about one core busy.
-    echo "=== tests-mma and tests-sm90, side by side"
-    run_step tests-sm90 >"$LOGS/tests-sm90.summary" 2>&1 &
-    sm90_pid=$!
-    run_step tests-mma
-    wait "$sm90_pid"
-    cat "$LOGS/tests-sm90.summary"
-    # run_step's bookkeeping of tests-sm90 ran in the subshell: take it from its summary line.
-    line=$(grep -E '^(PASS|FAIL) tests-sm90:' "$LOGS/tests-sm90.summary")
-    summary+=("$line")
-    read -r p f < <(sed -E 's/.*: [0-9]+ s, ([0-9]+) passed, ([0-9]+) failed.*/\1 \2/' <<<"$line")
-    total_passed=$((total_passed + p)) total_failed=$((total_failed + f))
-    continue
-  fi
-  ((parallel_tests)) && [[ $s == tests-sm90 ]] && continue
   run_step "$s"
 done
 

@@ -135,6 +135,7 @@ struct Mbar {
 
 struct AsyncCopy {
   uint32_t bar;
+  uint32_t dst, bytes;  // the shared-memory span it writes
   AsyncCopyFn fn;
   std::vector<unsigned char> ctx;
   std::unique_ptr<char> token;  // the issuer released into it
@@ -390,8 +391,10 @@ size_t deliver_copies(uint32_t bar) {
       g_in_engine = true;
     }
     tsan_acquire(c.token.get());
-    uint32_t bytes = 0;
-    const char* err = c.fn(c.ctx.data(), g->smem, g->smem_bytes, &bytes);
+    // The byte count comes from the issue, not back from the engine: a count written through a
+    // pointer from two engine contexts in one call would itself look like a race.
+    const uint32_t bytes = c.bytes;
+    const char* err = c.fn(c.ctx.data(), g->smem, g->smem_bytes);
     auto it = g->mbars.find(c.bar);
     if (!err && it == g->mbars.end()) err = "its mbarrier is not initialised";
     if (!err) {
@@ -722,16 +725,24 @@ void mbar_wait(uint32_t off, unsigned parity) {
   }
 }
 
-void async_copy(uint32_t bar, AsyncCopyFn fn, const void* ctx, size_t ctx_bytes) {
+void async_copy(uint32_t bar, uint32_t dst, uint32_t bytes, AsyncCopyFn fn, const void* ctx, size_t ctx_bytes) {
   CoreScope scope;
   note_core_call();
   mbar_at(bar, "cp.async.bulk.tensor (its mbarrier)");
+  const unsigned tid = g->cur ? g->cur->tid : 0;
+  for (const AsyncCopy& o : g->copies)
+    if (dst < o.dst + o.bytes && o.dst < dst + bytes)
+      fail("cp.async.bulk.tensor by thread %u into shared [0x%x, 0x%x) (mbarrier 0x%x) overlaps the copy thread %u issued "
+           "into [0x%x, 0x%x) (mbarrier 0x%x), which no wait has observed complete: the two writes are unordered",
+           tid, dst, dst + bytes, bar, o.tid, o.dst, o.dst + o.bytes, o.bar);
   AsyncCopy c;
   c.bar = bar;
+  c.dst = dst;
+  c.bytes = bytes;
   c.fn = fn;
   c.ctx.assign(static_cast<const unsigned char*>(ctx), static_cast<const unsigned char*>(ctx) + ctx_bytes);
   c.token.reset(new char(0));
-  c.tid = g->cur ? g->cur->tid : 0;
+  c.tid = tid;
   tsan_release(c.token.get());
   g->copies.push_back(std::move(c));
 }

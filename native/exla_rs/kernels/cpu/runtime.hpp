@@ -87,11 +87,13 @@ void mbar_arrive(uint32_t smem_off, unsigned expect_tx_bytes);
 void mbar_wait(uint32_t smem_off, unsigned parity);
 
 // An asynchronous copy into shared memory performed by a copy engine (TMA): `deliver` writes the
-// bytes and returns how many, or a non-null error text. It runs later, when the executor decides
-// the engine completes (a waiter polls the barrier, or nothing else can run), in its own
-// ThreadSanitizer context that happens after the issuing thread's issue.
-using AsyncCopyFn = const char* (*)(void* ctx, unsigned char* smem, size_t smem_bytes, uint32_t* bytes);
-void async_copy(uint32_t mbar_off, AsyncCopyFn fn, const void* ctx, size_t ctx_bytes);
+// `bytes` bytes of shared memory from `dst` on (the span the transaction count gets) and returns
+// nullptr, or an error text. It runs later, when the executor decides the engine completes (a
+// waiter polls the barrier, or nothing else can run), in its own ThreadSanitizer context that
+// happens after the issuing thread's issue. A copy whose span overlaps one still in flight fails
+// at issue: nothing orders the two engines' writes (racecheck's write-write hazard).
+using AsyncCopyFn = const char* (*)(void* ctx, unsigned char* smem, size_t smem_bytes);
+void async_copy(uint32_t mbar_off, uint32_t dst, uint32_t bytes, AsyncCopyFn fn, const void* ctx, size_t ctx_bytes);
 
 // wgmma's asynchronous groups, per warpgroup: ops issued since the last commit form a group;
 // `run` computes one op (reads shared memory, writes the accumulators).

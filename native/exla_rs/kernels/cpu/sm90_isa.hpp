@@ -62,10 +62,10 @@ struct TmaCopy {
   uint32_t dst;
 };
 
-inline const char* tma_deliver(void* ctx, unsigned char* smem, size_t smem_bytes, uint32_t* bytes) {
+inline const char* tma_deliver(void* ctx, unsigned char* smem, size_t smem_bytes) {
   const TmaCopy& c = *static_cast<const TmaCopy*>(ctx);
-  const char* err = exla_rs_gpusim::sm90::tma_load_box(c.map, 4, c.coords, smem, smem_bytes, c.dst, bytes);
-  if (!err) gs::tsan_write(smem + c.dst, *bytes);
+  const char* err = exla_rs_gpusim::sm90::tma_load_box(c.map, 4, c.coords, smem, smem_bytes, c.dst, nullptr);
+  if (!err) gs::tsan_write(smem + c.dst, exla_rs_gpusim::sm90::box_bytes(c.map));
   return err;
 }
 
@@ -83,8 +83,9 @@ EXLA_RS_SM90 void tma_load_4d(const TensorMap* map, u64* bar, void* dst, int c0,
   c.coords[1] = c1;
   c.coords[2] = c2;
   c.coords[3] = c3;
-  c.dst = gs::smem_offset(dst, exla_rs_gpusim::sm90::box_bytes(c.map), "cp.async.bulk.tensor destination");
-  gs::async_copy(gs::smem_offset(bar, 8, "cp.async.bulk.tensor mbarrier"), tma_deliver, &c, sizeof c);
+  const uint32_t bytes = static_cast<uint32_t>(exla_rs_gpusim::sm90::box_bytes(c.map));
+  c.dst = gs::smem_offset(dst, bytes, "cp.async.bulk.tensor destination");
+  gs::async_copy(gs::smem_offset(bar, 8, "cp.async.bulk.tensor mbarrier"), c.dst, bytes, tma_deliver, &c, sizeof c);
 }
 
 EXLA_RS_SM90 void tma_prefetch_map(const TensorMap* map) { (void)tensor_map(map, "prefetch.tensormap"); }

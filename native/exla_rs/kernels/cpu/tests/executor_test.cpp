@@ -165,12 +165,51 @@ extern "C" void test_oob(const Empty) {
 }
 EXLA_RS_KERNEL_ENTRY(test_oob)
 
+// Copy-engine (TMA-like) copies: each fills its span with its byte. Two on one mbarrier land in one
+// delivery, each in its own ThreadSanitizer context: `--two_copies` must run clean (it did not when
+// the engine wrote its byte count back through a pointer), and overlapping spans in flight at once
+// must fail at issue.
+struct FillCopy {
+  uint32_t dst, bytes;
+  unsigned char value;
+};
+static const char* fill_copy(void* ctx, unsigned char* smem, size_t) {
+  const FillCopy& c = *static_cast<const FillCopy*>(ctx);
+  memset(smem + c.dst, c.value, c.bytes);
+  return nullptr;
+}
+static void issue_fill(uint32_t bar, uint32_t dst, uint32_t bytes, unsigned char value) {
+  const FillCopy c{dst, bytes, value};
+  exla_rs_gpusim::async_copy(bar, dst, bytes, fill_copy, &c, sizeof c);
+}
+struct CopyArgs {
+  uint32_t second_dst;  // 192: beside the first copy's [128, 192); 160: overlapping it
+  unsigned* seen;       // words 0 and 16 of the copies' spans after the wait
+};
+extern "C" void test_two_copies(const CopyArgs p) {
+  EXLA_RS_DYNAMIC_SMEM(smem, 256);
+  const uint32_t bar = 0;
+  if (threadIdx.x == 0) {
+    exla_rs_gpusim::mbar_init(bar, 1);
+    exla_rs_gpusim::mbar_arrive(bar, 128);
+    issue_fill(bar, 128, 64, 0x11);
+    issue_fill(bar, p.second_dst, 64, 0x22);
+  }
+  __syncthreads();
+  exla_rs_gpusim::mbar_wait(bar, 0);
+  if (threadIdx.x == 1 && p.seen) {
+    p.seen[0] = reinterpret_cast<unsigned*>(smem + 128)[0];
+    p.seen[1] = reinterpret_cast<unsigned*>(smem + 192)[0];
+  }
+}
+EXLA_RS_KERNEL_ENTRY(test_two_copies)
+
 // This binary's own table (the library's kernel_table.cpp lists the attention kernels).
 namespace exla_rs_gpusim {
 #define ROW(n) {#n, n##_gpusim_entry}
 static const KernelEntry kTests[] = {ROW(test_mma),          ROW(test_vote),         ROW(test_divergent), ROW(test_mask),
                                      ROW(test_barrier_deadlock), ROW(test_mbar_deadlock), ROW(test_cp_async),  ROW(test_trap),
-                                     ROW(test_race),         ROW(test_ordered),      ROW(test_oob)};
+                                     ROW(test_race),         ROW(test_ordered),      ROW(test_oob),       ROW(test_two_copies)};
 const KernelEntry* find_kernel(const char* name) {
   for (const auto& k : kTests)
     if (strcmp(k.name, name) == 0) return &k;
@@ -298,10 +337,12 @@ static void expect_error(const char* kernel, unsigned threads, unsigned smem, co
 }
 
 int main(int argc, char** argv) {
-  if (argc > 1) {  // a kernel the sanitizer must stop
+  if (argc > 1) {  // a kernel the sanitizer must stop (or, --ordered / --two_copies, must not)
     Empty e{0};
+    CopyArgs copies{192, nullptr};
     const std::string k = std::string("test_") + (argv[1] + 2);
-    const std::string err = launch(k.c_str(), 64, k == "test_oob" ? 64 : 128, &e);
+    const unsigned smem = k == "test_oob" ? 64 : k == "test_two_copies" ? 256 : 128;
+    const std::string err = launch(k.c_str(), 64, smem, k == "test_two_copies" ? static_cast<void*>(&copies) : &e);
     printf("%s: %s\n", k.c_str(), err.empty() ? "ran" : err.c_str());
     return 0;
   }
@@ -321,6 +362,18 @@ int main(int argc, char** argv) {
     CHECK(err.empty(), "test_cp_async: %s", err.c_str());
     CHECK(seen[0] == 0xffffffffu, "cp.async: data visible before wait_group (0x%08x)", seen[0]);
     CHECK(seen[1] == 0x11111111u, "cp.async: data missing after wait_group (0x%08x)", seen[1]);
+  }
+  {
+    unsigned seen[2] = {0, 0};
+    CopyArgs p{192, seen};
+    std::string err = launch("test_two_copies", 64, 256, &p);
+    CHECK(err.empty(), "test_two_copies: %s", err.c_str());
+    CHECK(seen[0] == 0x11111111u && seen[1] == 0x22222222u, "copy engine: spans hold 0x%08x 0x%08x", seen[0], seen[1]);
+    p.second_dst = 160;
+    p.seen = nullptr;
+    err = launch("test_two_copies", 64, 256, &p);
+    CHECK(err.find("overlaps the copy thread 0 issued into [0x80, 0xc0)") != std::string::npos, "overlapping copies: %s", err.c_str());
+    printf("  test_two_copies (overlapping) -> %s\n", err.c_str());
   }
   {
     Empty e{0};

@@ -41,6 +41,8 @@ expect_caught() {
 }
 TSAN_OPTIONS="halt_on_error=1 exitcode=66" expect_caught "$out/tsan" --race "ThreadSanitizer: data race"
 TSAN_OPTIONS="halt_on_error=1 exitcode=66" "$out/tsan" --ordered | grep -q "ran" && echo "ok: --ordered clean under ThreadSanitizer"
+# Two copy-engine copies delivered in one call, in two engine contexts, into disjoint spans.
+TSAN_OPTIONS="halt_on_error=1 exitcode=66" "$out/tsan" --two_copies | grep -q "ran" && echo "ok: --two_copies clean under ThreadSanitizer"
 build asan address
 ASAN_OPTIONS="detect_leaks=0" expect_caught "$out/asan" --oob "AddressSanitizer: heap-buffer-overflow"
 echo "executor tests: all passed"
