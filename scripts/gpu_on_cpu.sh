@@ -85,11 +85,24 @@ step_tests_mma() {
 step_tests_sm90() { pytest_gpu EXLA_RS_CUDA_PATH=sm90; }
 
 HARNESS=$TARGET/gpu_on_cpu/gpusim/examples/gpu_on_cpu_check
-harness() { # harness SANITIZER: the harness built and run under the sanitizer
+harness() { # harness SANITIZER: the harness built and run under the sanitizer, in $JOBS shards
   # Same target dir as the library: the executor keeps one object set per sanitizer mode, so only
   # what links it is rebuilt here.
   EXLA_RS_GPUSIM_SANITIZE=$1 cargo_gpusim gpu_on_cpu build -p exla-rs-cuda --features gpu-on-cpu --example gpu_on_cpu_check || return 1
-  "$HARNESS"
+  local dir=$LOGS/harness-$1 i rc=0 pids=() lists=()
+  rm -rf "$dir" && mkdir -p "$dir"
+  for ((i = 0; i < JOBS; i++)); do
+    "$HARNESS" --shard "$i/$JOBS" --launches "$dir/launches-$i" >"$dir/$i.log" 2>&1 &
+    pids+=($!) lists+=("$dir/launches-$i")
+  done
+  for i in "${!pids[@]}"; do wait "${pids[$i]}" || rc=1; echo "--- shard $i/$JOBS"; cat "$dir/$i.log"; done
+  ((rc == 0)) || { echo "$JOBS shards: at least one failed"; return 1; }
+  # Every kernel image, over the shards together.
+  "$HARNESS" --coverage "${lists[@]}" | tee "$dir/coverage.log" || rc=1
+  cat "$dir"/*.log | awk '/^[0-9]+ (passed|failed)(,| in )/ {
+      for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^(failed|errors?)/) f += $i } }
+    END { print "(shards and coverage)"; print p + 0 " passed, " f + 0 " failed" }'
+  return $rc
 }
 step_tsan() { harness thread; }
 step_asan() {

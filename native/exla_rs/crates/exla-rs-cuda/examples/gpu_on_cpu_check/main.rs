@@ -17,6 +17,9 @@
 //! Options: `--only SUBSTRING` (cases whose name contains it; skips the coverage check),
 //! `--list`, `--seed N`, `--short-o` (the forward's `o` one element short: the proof that
 //! AddressSanitizer bounds every buffer exactly; under it the run must end in its report).
+//! Side by side (scripts/gpu_on_cpu.sh): `--shard I/N --launches FILE` runs every N-th case from
+//! the I-th and writes the kernels it launched to FILE instead of judging coverage;
+//! `--coverage FILE...` runs nothing and judges the union of such files against the build.
 
 mod cases;
 
@@ -173,10 +176,19 @@ struct Args {
     list: bool,
     seed: u64,
     short_o: bool,
+    shard: Option<(usize, usize)>,
+    launches: Option<String>,
+    coverage: Vec<String>,
+}
+
+fn parse_shard(s: &str) -> Option<(usize, usize)> {
+    let (i, n) = s.split_once('/')?;
+    let (i, n) = (i.parse().ok()?, n.parse().ok()?);
+    (i < n).then_some((i, n))
 }
 
 fn args() -> Result<Args, String> {
-    let mut a = Args { only: None, list: false, seed: 1, short_o: false };
+    let mut a = Args { only: None, list: false, seed: 1, short_o: false, shard: None, launches: None, coverage: Vec::new() };
     let mut it = std::env::args().skip(1);
     while let Some(x) = it.next() {
         match x.as_str() {
@@ -184,10 +196,48 @@ fn args() -> Result<Args, String> {
             "--list" => a.list = true,
             "--short-o" => a.short_o = true,
             "--seed" => a.seed = it.next().and_then(|s| s.parse().ok()).ok_or("--seed needs an integer")?,
-            other => return Err(format!("unknown argument {other:?} (--only SUBSTRING, --list, --seed N, --short-o)")),
+            "--shard" => a.shard = Some(it.next().as_deref().and_then(parse_shard).ok_or("--shard needs I/N with I < N")?),
+            "--launches" => a.launches = Some(it.next().ok_or("--launches needs a file")?),
+            "--coverage" => a.coverage.extend(it.by_ref()),
+            other => {
+                return Err(format!(
+                    "unknown argument {other:?} (--only SUBSTRING, --list, --seed N, --short-o, --shard I/N, --launches FILE, --coverage FILE...)"
+                ))
+            }
         }
     }
+    if a.shard.is_some() != a.launches.is_some() {
+        return Err("--shard and --launches go together".into());
+    }
     Ok(a)
+}
+
+/// `--coverage FILE...`: every embedded kernel must be in one of the shards' launch lists.
+fn judge_coverage(files: &[String]) -> ! {
+    let mut ran = BTreeSet::new();
+    for f in files {
+        match std::fs::read_to_string(f) {
+            Ok(text) => ran.extend(text.lines().map(str::to_string)),
+            Err(e) => {
+                eprintln!("gpu_on_cpu_check: {f}: {e}");
+                std::process::exit(2)
+            }
+        }
+    }
+    let missing = report_coverage(&ran);
+    println!("{} passed, {} failed (coverage over {} shards)", usize::from(missing.is_empty()), usize::from(!missing.is_empty()), files.len());
+    std::process::exit(if missing.is_empty() { 0 } else { 1 })
+}
+
+/// Prints how many embedded kernels `ran` covers; returns those it misses.
+fn report_coverage(ran: &BTreeSet<String>) -> Vec<String> {
+    let embedded = embedded_kernels();
+    let missing: Vec<String> = embedded.iter().filter(|k| !ran.contains(*k)).cloned().collect();
+    println!("kernels launched: {} of {} embedded", embedded.len() - missing.len(), embedded.len());
+    if !missing.is_empty() {
+        println!("NEVER LAUNCHED: {}", missing.join(", "));
+    }
+    missing
 }
 
 fn main() {
@@ -199,7 +249,13 @@ fn main() {
         Some(o) => c.name.contains(o.as_str()),
         None => true,
     };
+    if !a.coverage.is_empty() {
+        judge_coverage(&a.coverage);
+    }
     let mut cases: Vec<Case> = all_cases().into_iter().filter(wanted).collect();
+    if let Some((i, n)) = a.shard {
+        cases = cases.into_iter().skip(i).step_by(n).collect();
+    }
     cases.iter_mut().for_each(|c| c.short_o = a.short_o);
     if a.list {
         cases.iter().for_each(|c| println!("{}", c.name));
@@ -243,13 +299,15 @@ fn main() {
         }
     }
     let mut missing = Vec::new();
-    if a.only.is_none() {
-        let ran = exla_rs_cuda::gpusim_launch_counts();
-        missing = embedded_kernels().into_iter().filter(|k| !ran.contains_key(k)).collect();
-        println!("kernels launched: {} of {} embedded", ran.len(), ran.len() + missing.len());
-        if !missing.is_empty() {
-            println!("NEVER LAUNCHED: {}", missing.join(", "));
+    let ran: BTreeSet<String> = exla_rs_cuda::gpusim_launch_counts().into_keys().collect();
+    if let Some(file) = &a.launches {
+        let text: String = ran.iter().map(|k| format!("{k}\n")).collect();
+        if let Err(e) = std::fs::write(file, text) {
+            eprintln!("gpu_on_cpu_check: {file}: {e}");
+            std::process::exit(2)
         }
+    } else if a.only.is_none() {
+        missing = report_coverage(&ran);
     }
     println!(
         "{} passed, {} failed in {:.1} s",
