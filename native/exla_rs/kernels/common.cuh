@@ -257,6 +257,22 @@ using ptx::cp_async_wait;
 using ptx::ldmatrix_x4;
 using ptx::ldmatrix_x4_trans;
 
+// The 16-byte chunk `c` of a [ROWS, D] Swz tile that a loop striding over every chunk copies:
+// column block by column block (W elements each), rows inside, so the 8 lanes of one 128-byte
+// shared-memory phase write one row of a 64-wide block or two rows of a 32-wide one, all 32 banks
+// once. Row-major order put D = 96's chunks 0-3 and 4-7 of a row (two 32-wide blocks ROWS * 64
+// bytes apart, a multiple of 128) on the same banks: 2.67 extra wavefronts per warp's cp.async,
+// counted by the GPU-on-CPU executor (bench/RESULTS.md).
+struct TileChunk {
+  int row, col;
+};
+template <int ROWS, int D>
+EXLA_RS_DEVICE TileChunk tile_chunk(int c) {
+  constexpr int kRowChunks = Swz<ROWS, D>::W / 8, kBlockChunks = ROWS * kRowChunks;
+  const int in_block = c % kBlockChunks;
+  return {in_block / kRowChunks, (c / kBlockChunks) * Swz<ROWS, D>::W + (in_block % kRowChunks) * 8};
+}
+
 // Copies rows [row0, row0 + ROWS) of a [rows, stride] global matrix (each row D contiguous
 // elements) into a swizzled tile; rows >= row_limit become zeros and are never read.
 template <int ROWS, int D, int NTHREADS>
@@ -285,7 +301,8 @@ EXLA_RS_DEVICE void load_tile_async(unsigned short* s, const unsigned short* g, 
     }
   } else {
     for (int c = tid; c < ROWS * kChunks; c += NTHREADS) {
-      int r = c / kChunks, col = (c % kChunks) * 8;
+      const TileChunk t = tile_chunk<ROWS, D>(c);
+      const int r = t.row, col = t.col;
       int gr = row0 + r;
       bool ok = gr < row_limit;
       const unsigned short* src = ok ? g + (long long)gr * row_stride + col : g;

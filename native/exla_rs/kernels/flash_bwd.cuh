@@ -251,7 +251,8 @@ __device__ __forceinline__ void flash_bwd(const BwdParams& p) {
       }
     } else {
       for (int c = tid; c < BM * kChunks; c += NT) {
-        const int r = c / kChunks, col = (c % kChunks) * 8, gr = m0 + r;
+        const TileChunk t = tile_chunk<BM, D>(c);  // bank-conflict-free order (common.cuh)
+        const int r = t.row, col = t.col, gr = m0 + r;
         const bool ok = gr < p.seq_q && gLse[gr] != neg_inf();
         const long long off = ok ? (long long)gr * q_stride + col : 0;
         cp_async16(sQ + SwQ::off(r, col), gQ + off, ok ? 16 : 0);
