@@ -116,7 +116,8 @@ def run_harness(ws: Path, target: Path, cases: str) -> tuple[int, str, float]:
     })
     t0 = time.time()
     p = subprocess.run(
-        ["cargo", "run", "--release", "-q", "-p", "exla-rs-cuda", "--features", "gpu-on-cpu",
+        # The gpusim profile (Cargo.toml): optimised, no LTO, as scripts/gpu_on_cpu.sh builds it.
+        ["cargo", "run", "--profile", "gpusim", "-q", "-p", "exla-rs-cuda", "--features", "gpu-on-cpu",
          "--example", "gpu_on_cpu_check", "--", "--only", cases],
         cwd=ws, env=env, capture_output=True, text=True)
     return p.returncode, p.stdout + p.stderr, time.time() - t0

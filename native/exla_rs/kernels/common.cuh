@@ -257,20 +257,26 @@ using ptx::cp_async_wait;
 using ptx::ldmatrix_x4;
 using ptx::ldmatrix_x4_trans;
 
-// The 16-byte chunk `c` of a [ROWS, D] Swz tile that a loop striding over every chunk copies:
-// column block by column block (W elements each), rows inside, so the 8 lanes of one 128-byte
-// shared-memory phase write one row of a 64-wide block or two rows of a 32-wide one, all 32 banks
-// once. Row-major order put D = 96's chunks 0-3 and 4-7 of a row (two 32-wide blocks ROWS * 64
-// bytes apart, a multiple of 128) on the same banks: 2.67 extra wavefronts per warp's cp.async,
-// counted by the GPU-on-CPU executor (bench/RESULTS.md).
+// The 16-byte chunk `c` of a [ROWS, D] Swz tile that a loop striding over every chunk copies,
+// so that the 8 lanes of one 128-byte shared-memory phase hit all 32 banks once. Row-major does
+// that for 64-wide blocks (D = 192: a phase is one row of one block). D = 96's 32-wide blocks sit
+// ROWS * 64 bytes apart, a multiple of 128, so row-major put chunks 0-3 and 4-7 of a row on the
+// same banks (2.67 extra wavefronts per warp's cp.async, counted by the GPU-on-CPU executor:
+// bench/RESULTS.md): they go block by block, two rows of a block per phase. (Block-major for
+// D = 192 too cost the backward's _mask sets 4-36 bytes of spills.)
 struct TileChunk {
   int row, col;
 };
 template <int ROWS, int D>
 EXLA_RS_DEVICE TileChunk tile_chunk(int c) {
-  constexpr int kRowChunks = Swz<ROWS, D>::W / 8, kBlockChunks = ROWS * kRowChunks;
-  const int in_block = c % kBlockChunks;
-  return {in_block / kRowChunks, (c / kBlockChunks) * Swz<ROWS, D>::W + (in_block % kRowChunks) * 8};
+  constexpr int W = Swz<ROWS, D>::W;
+  if constexpr (W == 64) {
+    return {c / (D / 8), (c % (D / 8)) * 8};
+  } else {
+    constexpr int kBlockChunks = ROWS * (W / 8);
+    const int in_block = c % kBlockChunks;
+    return {in_block / (W / 8), (c / kBlockChunks) * W + (in_block % (W / 8)) * 8};
+  }
 }
 
 // Copies rows [row0, row0 + ROWS) of a [rows, stride] global matrix (each row D contiguous
