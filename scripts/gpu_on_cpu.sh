@@ -65,6 +65,11 @@ pytest_gpu() { # pytest_gpu [ENV=VALUE ...] [PYTEST ARGS ...]: test/gpu on the g
   env EXLA_RS_TEST_PLATFORM=cuda-on-cpu EXLA_RS_XLA_LIB="$LIB" "${envs[@]}" \
     "$PY" -m pytest -q -p no:cacheprovider -o console_output_style=count test/gpu/test_cuda_xla.py "$@"
 }
+sum_counts() { # sum_counts LOG...: the runs' summary lines (pytest's, the harness's) added up, last
+  cat "$@" | awk '/^=* *[0-9]+ (passed|failed|error)/ || /^[0-9]+ (passed|failed)(,| in )/ {
+      for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^(failed|errors?)/) f += $i } }
+    END { print "(shards and coverage)"; print p + 0 " passed, " f + 0 " failed" }'
+}
 step_tests_mma() {
   # The longest step: $JOBS shards side by side (conftest.py's EXLA_RS_TEST_SHARD), then the
   # coverage test on the union of the kernels they launched; the last line sums the three runs.
@@ -77,9 +82,7 @@ step_tests_mma() {
   for i in "${!pids[@]}"; do wait "${pids[$i]}" || rc=1; echo "--- shard $i/$JOBS"; cat "$dir/$i.log"; done
   pytest_gpu EXLA_RS_CUDA_PATH=auto EXLA_RS_TEST_LAUNCHES_DIR="$dir" -k test_every_kernel_was_launched >"$dir/coverage.log" 2>&1 || rc=1
   echo "--- coverage"; cat "$dir/coverage.log"
-  cat "$dir"/*.log | awk '/^=* *[0-9]+ (passed|failed|error)/ || /^[0-9]+ (passed|failed)(,| in )/ {
-      for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^(failed|errors?)/) f += $i } }
-    END { print "(shards and coverage)"; print p + 0 " passed, " f + 0 " failed" }'
+  sum_counts "$dir"/*.log
   return $rc
 }
 step_tests_sm90() { pytest_gpu EXLA_RS_CUDA_PATH=sm90; }
@@ -99,9 +102,7 @@ harness() { # harness SANITIZER: the harness built and run under the sanitizer, 
   ((rc == 0)) || { echo "$JOBS shards: at least one failed"; return 1; }
   # Every kernel image, over the shards together.
   "$HARNESS" --coverage "${lists[@]}" | tee "$dir/coverage.log" || rc=1
-  cat "$dir"/*.log | awk '/^[0-9]+ (passed|failed)(,| in )/ {
-      for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^(failed|errors?)/) f += $i } }
-    END { print "(shards and coverage)"; print p + 0 " passed, " f + 0 " failed" }'
+  sum_counts "$dir"/*.log
   return $rc
 }
 step_tsan() { harness thread; }

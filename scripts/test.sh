@@ -66,12 +66,12 @@ done
 step "CUDA kernel emulation" "$EXLA_RS_VENVS/jax-0.10.2/bin/python" native/exla_rs/kernels/emulate.py
 # The sm90 (wgmma/TMA) forward: its fragments, descriptors, TMA boxes and tile pipeline.
 step "CUDA sm90 kernel emulation" "$EXLA_RS_VENVS/jax-0.10.2/bin/python" native/exla_rs/kernels/sm90/emulate_wgmma.py
-# No kernel may spill: any LDL/STL in the SASS of the release build's fatbins fails CI (per-kernel
-# instruction/HMMA/integer-op counts are printed too: the signal for kernel work without a GPU).
-step "CUDA kernels: SASS statistics, no spills" "$EXLA_RS_VENVS/jax-0.10.2/bin/python" native/exla_rs/kernels/sass_stats.py --check-spills
-# The plain feature set (what most calls run) within its SASS budget: instructions and integer ops
-# per HMMA per kernel, so no optional feature and no change taxes the common path unnoticed (#26).
-step "CUDA kernels: plain set within its SASS budget" "$EXLA_RS_VENVS/jax-0.10.2/bin/python" native/exla_rs/kernels/sass_stats.py --check
+# No kernel may spill: any LDL/STL in the SASS of the release build's fatbins fails CI, beyond the
+# measured exceptions in sass_stats.py's KNOWN_SPILLS (per-kernel instruction/HMMA/integer-op
+# counts are printed too: the signal for kernel work without a GPU). And the plain feature set
+# (what most calls run) within its SASS budget: instructions and integer ops per HMMA per kernel,
+# so no optional feature and no change taxes the common path unnoticed (#26). One cuobjdump pass.
+step "CUDA kernels: SASS statistics, no spills, plain set within budget" "$EXLA_RS_VENVS/jax-0.10.2/bin/python" native/exla_rs/kernels/sass_stats.py --check-spills --check
 # The CUDA kernels themselves, executed on the CPU with the GPU's semantics (issue 22): test/gpu
 # through real XLA for the mma.sync and the sm90 kernel sets, and the harness that launches every
 # kernel image under ThreadSanitizer and AddressSanitizer (the script prints each part's time).
