@@ -32,12 +32,8 @@ count_tests() {
       else if (ex) print ex_t - ex_f - ex_x, ex_f
     }' "$1"
 }
-step() { # step NAME CMD...: runs one suite, records its outcome and test counts, keeps going.
-  local name=$1; shift
-  echo; echo "=== $name"
-  local log=$logs/${#results[@]}.log start=$SECONDS
-  "$@" 2>&1 | tee "$log"
-  local rc=${PIPESTATUS[0]} counts passed failed
+record() { # record NAME RC LOG START: the step's outcome, test counts and wall time in the summary
+  local name=$1 rc=$2 log=$3 start=$4 counts passed failed
   counts=$(count_tests "$log")
   if [[ -n $counts ]]; then
     read -r passed failed <<<"$counts"
@@ -53,19 +49,50 @@ step() { # step NAME CMD...: runs one suite, records its outcome and test counts
   counts+=" [$((SECONDS - start)) s]"
   if ((rc == 0)); then results+=("PASS $name$counts"); else results+=("FAIL $name$counts"); fi
 }
+step() { # step NAME CMD...: runs one suite, records its outcome and test counts, keeps going.
+  local name=$1; shift
+  echo; echo "=== $name"
+  local log=$logs/${#results[@]}.log start=$SECONDS
+  "$@" 2>&1 | tee "$log"
+  record "$name" "${PIPESTATUS[0]}" "$log" "$start"
+}
+# Independent steps that each keep about one core busy run side by side on CI's two cores:
+# step_bg starts one (output to its log), steps_wait waits for them in order, prints each log
+# whole and records it as step does (a step's time then runs to when it was waited for).
+bg_names=() bg_pids=() bg_logs=() bg_starts=()
+step_bg() { # step_bg NAME CMD...
+  local name=$1; shift
+  local log=$logs/bg${#bg_names[@]}-${#results[@]}.log
+  "$@" >"$log" 2>&1 &
+  bg_pids+=($!) bg_names+=("$name") bg_logs+=("$log") bg_starts+=("$SECONDS")
+}
+steps_wait() {
+  local i rc
+  for i in "${!bg_pids[@]}"; do
+    wait "${bg_pids[$i]}"
+    rc=$?
+    echo; echo "=== ${bg_names[$i]}"
+    cat "${bg_logs[$i]}"
+    record "${bg_names[$i]}" "$rc" "${bg_logs[$i]}" "${bg_starts[$i]}"
+  done
+  bg_names=() bg_pids=() bg_logs=() bg_starts=()
+}
 
 # The GPU-on-CPU executor (exla-rs-gpusim) is built and tested by scripts/gpu_on_cpu.sh, in its own
 # target dir: the release build never carries it.
 step "cargo build (release)" cargo build --release --manifest-path "$CARGO_MANIFEST" --workspace --exclude exla-rs-gpusim
 step "cargo test" cargo test --release --no-fail-fast --manifest-path "$CARGO_MANIFEST" --workspace --exclude exla_rs_nif --exclude exla-rs-gpusim
+# The two XLAs side by side (each process runs its tests one at a time).
 for v in jax-0.9.0 jax-0.10.2; do
-  step "pytest test/xla ($v)" "$EXLA_RS_VENVS/$v/bin/python" -m pytest -q -p no:cacheprovider test/xla
+  step_bg "pytest test/xla ($v)" "$EXLA_RS_VENVS/$v/bin/python" -m pytest -q -p no:cacheprovider test/xla
 done
+steps_wait
 # The tensor-core kernels' fragment and address math, emulated lane by lane on the CPU against
 # float64 (the real kernels need a GPU; test/gpu runs them there).
-step "CUDA kernel emulation" "$EXLA_RS_VENVS/jax-0.10.2/bin/python" native/exla_rs/kernels/emulate.py
+step_bg "CUDA kernel emulation" "$EXLA_RS_VENVS/jax-0.10.2/bin/python" native/exla_rs/kernels/emulate.py
 # The sm90 (wgmma/TMA) forward: its fragments, descriptors, TMA boxes and tile pipeline.
-step "CUDA sm90 kernel emulation" "$EXLA_RS_VENVS/jax-0.10.2/bin/python" native/exla_rs/kernels/sm90/emulate_wgmma.py
+step_bg "CUDA sm90 kernel emulation" "$EXLA_RS_VENVS/jax-0.10.2/bin/python" native/exla_rs/kernels/sm90/emulate_wgmma.py
+steps_wait
 # No kernel may spill: any LDL/STL in the SASS of the release build's fatbins fails CI, beyond the
 # measured exceptions in sass_stats.py's KNOWN_SPILLS (per-kernel instruction/HMMA/integer-op
 # counts are printed too: the signal for kernel work without a GPU). And the plain feature set
@@ -78,8 +105,9 @@ step "CUDA kernels: SASS statistics, no spills, plain set within budget" "$EXLA_
 # The executor's own checks first: its PTX models against independent references, its
 # collective/deadlock/timing checks, the planted race and out-of-bounds store the sanitizers must
 # catch, and the sm90 instruction models from first principles.
-step "GPU-on-CPU executor tests" native/exla_rs/kernels/cpu/tests/run_executor_test.sh
-step "GPU-on-CPU sm90 instruction models" native/exla_rs/kernels/cpu/tests/run_sm90_models_test.sh "$EXLA_RS_VENVS/jax-0.10.2/bin/python"
+step_bg "GPU-on-CPU executor tests" native/exla_rs/kernels/cpu/tests/run_executor_test.sh
+step_bg "GPU-on-CPU sm90 instruction models" native/exla_rs/kernels/cpu/tests/run_sm90_models_test.sh "$EXLA_RS_VENVS/jax-0.10.2/bin/python"
+steps_wait
 step "CUDA kernels on the CPU (scripts/gpu_on_cpu.sh)" ./scripts/gpu_on_cpu.sh
 # The README's main job, small: it must run to its check and its timings.
 step "demo (scripts/demo.py, S=256)" "$EXLA_RS_VENVS/jax-0.10.2/bin/python" scripts/demo.py --seq 256 --repeats 1
