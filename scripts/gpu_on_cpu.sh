@@ -70,16 +70,22 @@ sum_counts() { # sum_counts LOG...: the runs' summary lines (pytest's, the harne
       for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^(failed|errors?)/) f += $i } }
     END { print "(shards and coverage)"; print p + 0 " passed, " f + 0 " failed" }'
 }
-step_tests_mma() {
-  # The longest step: $JOBS shards side by side (conftest.py's EXLA_RS_TEST_SHARD), then the
-  # coverage test on the union of the kernels they launched; the last line sums the three runs.
-  local dir=$LOGS/tests-mma.shards i rc=0 pids=()
-  rm -rf "$dir" && mkdir -p "$dir"
+run_shards() { # run_shards DIR FN: FN I for I < $JOBS side by side, output to DIR/I.log; then every log
+  local dir=$1 fn=$2 i rc=0 pids=()
   for ((i = 0; i < JOBS; i++)); do
-    pytest_gpu EXLA_RS_CUDA_PATH=auto EXLA_RS_TEST_SHARD=$i/$JOBS EXLA_RS_TEST_LAUNCHES_DIR="$dir" >"$dir/$i.log" 2>&1 &
+    "$fn" "$i" >"$dir/$i.log" 2>&1 &
     pids+=($!)
   done
   for i in "${!pids[@]}"; do wait "${pids[$i]}" || rc=1; echo "--- shard $i/$JOBS"; cat "$dir/$i.log"; done
+  return $rc
+}
+step_tests_mma() {
+  # The longest step: $JOBS shards side by side (conftest.py's EXLA_RS_TEST_SHARD), then the
+  # coverage test on the union of the kernels they launched; the last line sums the three runs.
+  local dir=$LOGS/tests-mma.shards rc=0
+  rm -rf "$dir" && mkdir -p "$dir"
+  mma_shard() { pytest_gpu EXLA_RS_CUDA_PATH=auto EXLA_RS_TEST_SHARD="$1/$JOBS" EXLA_RS_TEST_LAUNCHES_DIR="$dir"; }
+  run_shards "$dir" mma_shard || rc=1
   pytest_gpu EXLA_RS_CUDA_PATH=auto EXLA_RS_TEST_LAUNCHES_DIR="$dir" -k test_every_kernel_was_launched >"$dir/coverage.log" 2>&1 || rc=1
   echo "--- coverage"; cat "$dir/coverage.log"
   sum_counts "$dir"/*.log
@@ -92,16 +98,12 @@ harness() { # harness SANITIZER: the harness built and run under the sanitizer, 
   # Same target dir as the library: the executor keeps one object set per sanitizer mode, so only
   # what links it is rebuilt here.
   EXLA_RS_GPUSIM_SANITIZE=$1 cargo_gpusim gpu_on_cpu build -p exla-rs-cuda --features gpu-on-cpu --example gpu_on_cpu_check || return 1
-  local dir=$LOGS/harness-$1 i rc=0 pids=() lists=()
+  local dir=$LOGS/harness-$1 rc=0
   rm -rf "$dir" && mkdir -p "$dir"
-  for ((i = 0; i < JOBS; i++)); do
-    "$HARNESS" --shard "$i/$JOBS" --launches "$dir/launches-$i" >"$dir/$i.log" 2>&1 &
-    pids+=($!) lists+=("$dir/launches-$i")
-  done
-  for i in "${!pids[@]}"; do wait "${pids[$i]}" || rc=1; echo "--- shard $i/$JOBS"; cat "$dir/$i.log"; done
-  ((rc == 0)) || { echo "$JOBS shards: at least one failed"; return 1; }
+  harness_shard() { "$HARNESS" --shard "$1/$JOBS" --launches "$dir/launches-$1"; }
+  run_shards "$dir" harness_shard || { echo "$JOBS shards: at least one failed"; return 1; }
   # Every kernel image, over the shards together.
-  "$HARNESS" --coverage "${lists[@]}" | tee "$dir/coverage.log" || rc=1
+  "$HARNESS" --coverage "$dir"/launches-* | tee "$dir/coverage.log" || rc=1
   sum_counts "$dir"/*.log
   return $rc
 }
