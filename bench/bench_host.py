@@ -402,7 +402,9 @@ def machine() -> str:
     flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
     widest = "AVX-512" if " avx512f" in flags else "AVX2+FMA" if " avx2" in flags and " fma" in flags else "scalar"
     isa = os.environ.get("EXLA_RS_HOST_ISA", f"widest available ({widest} here)")
-    return f"{model}, {os.cpu_count()} cores, {platform.system()} {platform.release()}; jax {jax.__version__}; Host kernel ISA: {isa}"
+    have = set(re.search(r"^flags\s*:(.*)$", flags, re.M).group(1).split()) if "flags" in flags else set()
+    isa_flags = [f for f in ("avx2", "fma", "f16c", "avx512f", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16", "amx_fp16") if f in have]
+    return f"{model} ({' '.join(isa_flags)}), {os.cpu_count()} cores, {platform.system()} {platform.release()}; jax {jax.__version__}; Host kernel ISA: {isa}"
 
 
 def update_results(section: str) -> None:
@@ -410,6 +412,22 @@ def update_results(section: str) -> None:
     text = path.read_text() if path.exists() else "# Benchmark results\n"
     pat = re.compile(r"^## Host \(CPU\)\n.*?(?=^## |\Z)", re.S | re.M)
     text = pat.sub(lambda _: section, text) if pat.search(text) else text.rstrip("\n") + "\n\n" + section
+    path.write_text(text)
+
+
+TORCH_TITLE = "## Host (CPU) against PyTorch's CPU flash attention"
+
+
+def append_torch_section(run: str) -> None:
+    """Adds a run at the end of RESULTS.md's PyTorch section (earlier runs stay: other machines)."""
+    path = ROOT / "bench/RESULTS.md"
+    text = path.read_text()
+    pat = re.compile("^" + re.escape(TORCH_TITLE) + r"\n.*?(?=^## |\Z)", re.S | re.M)
+    m = pat.search(text)
+    if not m:
+        text = text.rstrip("\n") + "\n\n" + TORCH_TITLE + "\n\n" + run
+    else:
+        text = text[: m.end()].rstrip("\n") + "\n\n" + run + "\n" + text[m.end():]
     path.write_text(text)
 
 
@@ -432,12 +450,21 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--configs", default="")
     ap.add_argument("--only", default="", help="extras: only these configurations (';'-separated names)")
+    ap.add_argument("--torch", action="store_true", help="side by side with PyTorch's CPU SDPA (bench/torch_peer.py; needs .venv/bench)")
+    ap.add_argument("--dims", default="64,128", help="--torch: head dims")
+    ap.add_argument("--dtypes", default="f32,bf16", help="--torch: element types")
+    ap.add_argument("--decode-only", action="store_true", help="--torch: only the decode table")
     args = ap.parse_args()
     if args.child:
         print(json.dumps(child_extras(args) if args.extras else child_check(args) if args.check else child_time(args)))
         return
     if args.extras:
         run_extras(args)
+        return
+    if args.torch:
+        import torch_peer
+
+        torch_peer.run(args, machine(), append_torch_section)
         return
 
     seed = args.seed
