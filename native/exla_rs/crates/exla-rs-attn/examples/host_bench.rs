@@ -2,6 +2,8 @@
 //! [S] [reps]`. B=1, H=8, D=64, f32, causal and not. `EXLA_RS_HOST_ISA=avx2|scalar` narrows the ISA.
 //! `host_bench decode [Sk] [reps]`: one query row per sequence, B=8, 32 query heads on 8 kv heads,
 //! D=128, f32 and bf16, in GB/s of K+V read.
+//! `host_bench peak`: this core's f32 FMA peak (12 independent AVX2 FMA chains, registers only),
+//! the roofline the f32 kernels are held against.
 
 use exla_rs_attn::host::{backward, forward, BwdInputs, BwdOutputs, FwdInputs, FwdOutputs};
 use exla_rs_attn::{AttnOptions, AttnShape};
@@ -39,7 +41,35 @@ fn decode(sk: usize, reps: usize) {
     println!("decode Sk={sk}: f32 {:.2} ms ({:.1} GB/s), bf16 {:.2} ms ({:.1} GB/s)", t32 * 1e3, bytes * 4.0 / t32 / 1e9, t16 * 1e3, bytes * 2.0 / t16 / 1e9);
 }
 
+/// GFLOP/s of one core running nothing but independent 8-lane FMAs.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn fma_peak() -> f64 {
+    use std::arch::x86_64::*;
+    let mut acc = [_mm256_set1_ps(0.0); 12];
+    let (a, b) = (_mm256_set1_ps(std::hint::black_box(0.999_999)), _mm256_set1_ps(std::hint::black_box(1e-7)));
+    let iters = 50_000_000u64;
+    let t = Instant::now();
+    for _ in 0..iters {
+        for x in acc.iter_mut() {
+            *x = _mm256_fmadd_ps(*x, a, b);
+        }
+    }
+    let s = t.elapsed().as_secs_f64();
+    std::hint::black_box(acc);
+    (iters * 12 * 16) as f64 / s / 1e9
+}
+
 fn main() {
+    #[cfg(target_arch = "x86_64")]
+    if std::env::args().nth(1).as_deref() == Some("peak") {
+        // SAFETY: only called where the CPU has AVX2 and FMA.
+        if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
+            let best = (0..5).map(|_| unsafe { fma_peak() }).fold(0.0, f64::max);
+            println!("f32 FMA peak: {best:.1} GFLOP/s per core (AVX2, 12 chains)");
+        }
+        return;
+    }
     if std::env::args().nth(1).as_deref() == Some("decode") {
         let args: Vec<usize> = std::env::args().skip(2).filter_map(|a| a.parse().ok()).collect();
         decode(args.first().copied().unwrap_or(4096), args.get(1).copied().unwrap_or(10));
