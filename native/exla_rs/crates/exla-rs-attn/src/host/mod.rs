@@ -28,6 +28,7 @@ mod forward;
 #[cfg(test)]
 mod group_tests;
 mod kernels;
+mod lowp;
 mod pages;
 mod simd;
 #[cfg(test)]
@@ -118,6 +119,11 @@ pub(crate) fn forward_on<T: HostElement>(
     check_len("v", inp.v.len(), kl)?;
     check_len("o", out.o.len(), ql)?;
     check_len("lse", out.lse.len(), ll)?;
+    // bf16 (f16 on AMX-FP16) without extras: on the CPU's dot-product unit when it has one.
+    if let Some(unit) = lowp::offered(which, T::TYPE).filter(|_| ex.is_none()) {
+        lowp::forward(unit, which, shape, opts, inp, out);
+        return Ok(());
+    }
     match which {
         #[cfg(target_arch = "x86_64")]
         Which::Avx512 => forward::run::<T, kernels::avx512::Kernels>(shape, opts, inp, out, ex),
