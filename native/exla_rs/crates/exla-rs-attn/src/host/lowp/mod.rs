@@ -22,6 +22,8 @@ mod avx512bf16;
 mod forward;
 mod model;
 mod pack;
+#[cfg(test)]
+mod tests;
 mod tile;
 mod unit;
 
