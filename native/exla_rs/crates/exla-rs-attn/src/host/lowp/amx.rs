@@ -34,7 +34,7 @@ pub(crate) fn detected() -> AmxCaps {
     *CAPS.get_or_init(|| {
         let (tile, bf16, fp16) = cpuid_bits();
         // The row kernels next to the unit are the AVX-512 ones.
-        if !(tile && bf16 && is_x86_feature_detected!("avx512f")) || !os_grants_tiles() {
+        if !(tile && bf16 && is_x86_feature_detected!("avx512f") && os_grants_tiles()) {
             return AmxCaps::default();
         }
         AmxCaps { bf16, fp16 }

@@ -148,7 +148,6 @@ fn run_case<T: HostElement, U: TileUnit>(which: Which, c: &Case, tol: f64, seed:
     forward_with::<T, U>(which, &shape, &opts, FwdInputs { q: &q, k: &k, v: &v, kv_len: &c.kv_len, q_start: &c.q_start }, FwdOutputs { o: &mut o, lse: &mut lse });
     let tag = format!("{} {} {c:?}", std::any::type_name::<U>(), T::TYPE);
     let of: Vec<f32> = o.iter().map(|v| v.to_f32()).collect();
-    eprintln!("ERR {:e} {tag}", super::super::tests::rel_err(&of, &want.o));
     check(&format!("o {tag}"), &of, &want.o, tol);
     check_lse(&format!("lse {tag}"), &lse, &want.lse, tol);
     for b in 0..c.b {
@@ -179,12 +178,14 @@ fn cases() -> Vec<Case> {
     ]
 }
 
-/// Tolerances (max abs error over max |o|, as `host/tests.rs` measures): P rounded to the
-/// input type moves each p by ≤ u (bf16: 2^-9, f16: 2^-12) relatively, so `o` moves by
-/// ≤ u·max|v| ≤ u·(max|v| / max|o|)·max|o|; with |v| ≤ 1 and max|o| ≳ 0.1 on these shapes
-/// that is ≤ 10u, plus u for rounding `o` itself and f32 noise: 12u.
-const TOL_BF16: f64 = 12.0 / 512.0;
-const TOL_F16: f64 = 12.0 / 4096.0;
+/// Tolerances (max abs error over max |o|, as `host/tests.rs` measures), from P's rounding to
+/// the input type (unit roundoff u: bf16 2^-9, f16 2^-12): each p moves by ≤ u·p, so `o` moves
+/// by ≤ u·max|v| in the worst case (all errors one way) and by ~u·|v|·sqrt(Σp²) ≪ that for
+/// independent roundings; `o`'s own rounding adds ≤ u·max|o|. These cases measure ≤ 1.6u
+/// (bf16 2.0e-3..3.4e-3, f16 3.1e-4..6.2e-4); 4u keeps a margin and still fails on anything
+/// larger than an output ulp (a packing or layout mistake is O(1)).
+const TOL_BF16: f64 = 4.0 / 512.0;
+const TOL_F16: f64 = 4.0 / 4096.0;
 
 #[test]
 fn lowp_forward_model_amx_bf16() {
