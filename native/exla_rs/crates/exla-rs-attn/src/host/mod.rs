@@ -192,6 +192,11 @@ pub(crate) fn backward_on<T: HostElement>(
     check_len("dq", out.dq.len(), ql)?;
     check_len("dk", out.dk.len(), kl)?;
     check_len("dv", out.dv.len(), kl)?;
+    // bf16 (f16 on AMX-FP16), no extras, finite inputs: the five products on the CPU's unit.
+    if let Some(unit) = lowp::offered(which, T::TYPE).filter(|_| ex.is_none() && lowp::backward_takes(&inp)) {
+        lowp::backward(unit, which, shape, opts, inp, out);
+        return Ok(());
+    }
     match which {
         #[cfg(target_arch = "x86_64")]
         Which::Avx512 => backward::run::<T, kernels::avx512::Kernels>(shape, opts, inp, out, ex, dbias),

@@ -6,11 +6,13 @@
 //! - `model.rs`: the instructions' definitions in software (DAZ/FTZ, RNE, pair order).
 //! - `unit.rs`: [`unit::TileUnit`], the one tile-block product the tiling asks for, and the
 //!   model units; `amx.rs`, `avx512bf16.rs`: the real units and their detection.
-//! - `pack.rs`: K and V into the units' VNNI layouts; `forward.rs`: the forward itself.
+//! - `pack.rs`: operands into the units' VNNI layouts; `forward.rs`, `backward.rs`: the passes
+//!   (the backward's five products all on the unit).
 //!
-//! Which unit: bf16 on AMX-BF16, else AVX512-BF16; f16 only on AMX-FP16 (AVX512-FP16 multiplies
+//! Which unit (forward and backward alike): bf16 on AMX-BF16, else AVX512-BF16; f16 only on AMX-FP16 (AVX512-FP16 multiplies
 //! in f16, which would break the contract's f32 accumulation); anything else, and calls with
-//! optional operands or dropout, stay on the f32 path. `EXLA_RS_HOST_ISA` set to anything but
+//! optional operands or dropout (and backward calls with a non-finite input), stay on the f32
+//! path. `EXLA_RS_HOST_ISA` set to anything but
 //! `amx` / `avx512bf16` (e.g. `avx512`, `avx2`) turns the units off, `avx512bf16` skips AMX;
 //! `EXLA_RS_HOST_BF16=off|model-amx|model-avx512bf16` turns them off or forces a model unit
 //! (slow: for tests and benchmarks of the tiling).
@@ -19,6 +21,7 @@
 mod amx;
 #[cfg(target_arch = "x86_64")]
 mod avx512bf16;
+mod backward;
 mod forward;
 mod model;
 mod pack;
@@ -29,7 +32,7 @@ mod unit;
 
 use std::sync::OnceLock;
 
-use super::{kernels, FwdInputs, FwdOutputs, HostElement, Which};
+use super::{kernels, BwdInputs, BwdOutputs, FwdInputs, FwdOutputs, HostElement, Which};
 use crate::{AttnOptions, AttnShape, ElementType};
 use unit::{ModelAmx, ModelAvx512Bf16, TileUnit};
 
@@ -126,7 +129,7 @@ fn pick(policy: Policy, which: Which, dtype: ElementType, hw: Detected) -> Optio
     }
 }
 
-/// The unit `forward_on` should run a plain (no extras, no dropout) forward on, if any.
+/// The unit `forward_on` / `backward_on` should run a plain (no extras, no dropout) call on.
 pub(super) fn offered(which: Which, dtype: ElementType) -> Option<Unit> {
     match Policy::from_env() {
         Policy::Off => None,
@@ -156,5 +159,35 @@ fn forward_with<T: HostElement, U: TileUnit>(which: Which, shape: &AttnShape, op
         #[cfg(target_arch = "x86_64")]
         Which::Avx2 => forward::run::<T, U, kernels::avx2::Kernels>(shape, opts, inp, out),
         Which::Scalar => forward::run::<T, U, kernels::scalar::Kernels>(shape, opts, inp, out),
+    }
+}
+
+/// Whether the lowp backward takes these operands (see `backward::takes`).
+pub(super) fn backward_takes<T: HostElement>(inp: &BwdInputs<'_, T>) -> bool {
+    backward::takes(inp)
+}
+
+/// The backward on `unit`, with `which`'s row kernels. The caller checked the operands.
+pub(super) fn backward<T: HostElement>(unit: Unit, which: Which, shape: &AttnShape, opts: &AttnOptions, inp: BwdInputs<'_, T>, out: BwdOutputs<'_, T>) {
+    match unit {
+        #[cfg(target_arch = "x86_64")]
+        Unit::AmxBf16 => backward_with::<T, amx::Amx<false>>(which, shape, opts, inp, out),
+        #[cfg(target_arch = "x86_64")]
+        Unit::AmxFp16 => backward_with::<T, amx::Amx<true>>(which, shape, opts, inp, out),
+        #[cfg(target_arch = "x86_64")]
+        Unit::Avx512Bf16 => backward_with::<T, avx512bf16::Avx512Bf16>(which, shape, opts, inp, out),
+        Unit::ModelAmxBf16 => backward_with::<T, ModelAmx<false>>(which, shape, opts, inp, out),
+        Unit::ModelAmxFp16 => backward_with::<T, ModelAmx<true>>(which, shape, opts, inp, out),
+        Unit::ModelAvx512Bf16 => backward_with::<T, ModelAvx512Bf16>(which, shape, opts, inp, out),
+    }
+}
+
+fn backward_with<T: HostElement, U: TileUnit>(which: Which, shape: &AttnShape, opts: &AttnOptions, inp: BwdInputs<'_, T>, out: BwdOutputs<'_, T>) {
+    match which {
+        #[cfg(target_arch = "x86_64")]
+        Which::Avx512 => backward::run::<T, U, kernels::avx512::Kernels>(shape, opts, inp, out),
+        #[cfg(target_arch = "x86_64")]
+        Which::Avx2 => backward::run::<T, U, kernels::avx2::Kernels>(shape, opts, inp, out),
+        Which::Scalar => backward::run::<T, U, kernels::scalar::Kernels>(shape, opts, inp, out),
     }
 }

@@ -1,20 +1,21 @@
 //! `cargo test -p exla-rs-attn lowp`:
 //! - the models against hand-checked values (pair order, RNE ties, DAZ, FTZ and x86's
 //!   tininess-after-rounding, inf/NaN);
-//! - the 16-bit forward on each model unit against the float64 reference of `host/tests.rs`;
+//! - the 16-bit forward and backward on each model unit against the float64 reference of
+//!   `host/tests.rs`;
 //! - where the CPU has a real unit, its tile products against the model (bit for bit for
-//!   AVX512-BF16, within `model::amx_bound` for AMX) and its forward against the reference;
+//!   AVX512-BF16, within `model::amx_bound` for AMX) and its passes against the reference;
 //!   without one they say so on stderr;
 //! - the choice of unit from the environment and the detected hardware.
 
 use half::{bf16, f16};
 
 use super::super::tests::{cast, check, check_lse, inputs, reference, Case, Rng};
-use super::super::{dispatch, FwdInputs, FwdOutputs, HostElement, Which};
+use super::super::{dispatch, BwdInputs, BwdOutputs, FwdInputs, FwdOutputs, HostElement, Which};
 use super::model::{self, Half16, DEFAULT_NAN};
 use super::tile::{LOWP_TILES, TILE_K, TILE_M, TILE_N};
 use super::unit::{ModelAmx, ModelAvx512Bf16, TileGemm, TileUnit};
-use super::{forward_with, pick, Detected, Policy, Unit};
+use super::{backward_with, forward_with, pick, Detected, Policy, Unit};
 use crate::ElementType;
 
 /// bf16 bits of a power of two (exact).
@@ -134,9 +135,9 @@ fn lowp_tile_config_image() {
     assert!(b[22..48].iter().chain(&b[51..]).all(|&x| x == 0), "unused tiles and reserved bytes are 0");
 }
 
-/// The 16-bit forward on unit `U` for one case, checked like `host/tests.rs` checks the f32
-/// path: against the f64 reference (which sees the same rounded inputs), lse `-inf` and `o = 0`
-/// on fully masked rows.
+/// The 16-bit forward and backward on unit `U` for one case, checked like `host/tests.rs` checks the f32
+/// path: against the f64 reference (which sees the same rounded inputs), lse `-inf`, `o = 0` and
+/// `dq = 0` on fully masked rows.
 fn run_case<T: HostElement, U: TileUnit>(which: Which, c: &Case, tol: f64, seed: u64) {
     let x = inputs::<T>(c, seed);
     let want = reference(c, &x);
@@ -150,12 +151,24 @@ fn run_case<T: HostElement, U: TileUnit>(which: Which, c: &Case, tol: f64, seed:
     let of: Vec<f32> = o.iter().map(|v| v.to_f32()).collect();
     check(&format!("o {tag}"), &of, &want.o, tol);
     check_lse(&format!("lse {tag}"), &lse, &want.lse, tol);
+
+    // The backward from this forward's o and lse, as a training step runs them.
+    let d_o = cast::<T>(&x.d_o);
+    let mut dq = vec![T::from_f32(7.0); q.len()];
+    let mut dk = vec![T::from_f32(7.0); k.len()];
+    let mut dv = vec![T::from_f32(7.0); v.len()];
+    backward_with::<T, U>(which, &shape, &opts, BwdInputs { q: &q, k: &k, v: &v, kv_len: &c.kv_len, q_start: &c.q_start, o: &o, lse: &lse, d_o: &d_o }, BwdOutputs { dq: &mut dq, dk: &mut dk, dv: &mut dv });
+    let f = |x: &[T]| x.iter().map(|v| v.to_f32()).collect::<Vec<f32>>();
+    for (name, got, want) in [("dq", f(&dq), &want.dq), ("dk", f(&dk), &want.dk), ("dv", f(&dv), &want.dv)] {
+        check(&format!("{name} {tag}"), &got, want, GRAD_TOL_FACTOR * tol);
+    }
     for b in 0..c.b {
         for hh in 0..c.h {
             for i in 0..c.sq {
                 if want.lse[(b * c.h + hh) * c.sq + i] == f64::NEG_INFINITY {
                     let at = ((b * c.sq + i) * c.h + hh) * c.d;
                     assert!(of[at..at + c.d].iter().all(|&v| v == 0.0), "o of a fully masked row {tag}");
+                    assert!(f(&dq[at..at + c.d]).iter().all(|&v| v == 0.0), "dq of a fully masked row {tag}");
                 }
             }
         }
@@ -186,23 +199,27 @@ fn cases() -> Vec<Case> {
 /// larger than an output ulp (a packing or layout mistake is O(1)).
 const TOL_BF16: f64 = 4.0 / 512.0;
 const TOL_F16: f64 = 4.0 / 4096.0;
+/// The gradients' tolerance over the forward's: they take a second rounding to the input type
+/// (dX, besides P) and `o` in the input type; these cases measure ≤ 3.1u (bf16) and ≤ 3.8u
+/// (f16), so 2x (8u), as `host/tests.rs` allows its gradients.
+const GRAD_TOL_FACTOR: f64 = 2.0;
 
 #[test]
-fn lowp_forward_model_amx_bf16() {
+fn lowp_fwd_bwd_model_amx_bf16() {
     for (n, c) in cases().iter().enumerate() {
         run_case::<bf16, ModelAmx<false>>(dispatch(), c, TOL_BF16, 5000 + n as u64);
     }
 }
 
 #[test]
-fn lowp_forward_model_amx_fp16() {
+fn lowp_fwd_bwd_model_amx_fp16() {
     for (n, c) in cases().iter().enumerate() {
         run_case::<f16, ModelAmx<true>>(dispatch(), c, TOL_F16, 6000 + n as u64);
     }
 }
 
 #[test]
-fn lowp_forward_model_avx512bf16() {
+fn lowp_fwd_bwd_model_avx512bf16() {
     for (n, c) in cases().iter().enumerate() {
         run_case::<bf16, ModelAvx512Bf16>(dispatch(), c, TOL_BF16, 7000 + n as u64);
     }
@@ -210,7 +227,7 @@ fn lowp_forward_model_avx512bf16() {
 
 /// The model path runs the row pass of any family: the scalar one too.
 #[test]
-fn lowp_forward_model_scalar_rows() {
+fn lowp_fwd_bwd_model_scalar_rows() {
     let c = Case::new(1, 30, 50, 2, 1, 48).win(-1, 0);
     run_case::<bf16, ModelAmx<false>>(Which::Scalar, &c, TOL_BF16, 8000);
 }
@@ -231,6 +248,19 @@ fn lowp_forward_inf_in_v_stays_in_visible_rows() {
         let row = &o[i * 16..(i + 1) * 16];
         assert!(row.iter().all(|x| x.to_f32().is_finite()) == (i < 10), "row {i}: {row:?}");
     }
+}
+
+/// The backward leaves calls with a non-finite operand to the f32 path.
+#[test]
+fn lowp_backward_takes_only_finite_operands() {
+    let ok = [bf16::ONE; 4];
+    let bad = [bf16::ONE, bf16::NAN, bf16::ONE, bf16::ONE];
+    let lse = [0f32; 4];
+    let take = |q: &[bf16], k: &[bf16], d_o: &[bf16]| super::backward_takes(&BwdInputs { q, k, v: &ok, kv_len: &[4], q_start: &[0], o: &ok, lse: &lse, d_o });
+    assert!(take(&ok, &ok, &ok));
+    assert!(!take(&bad, &ok, &ok));
+    assert!(!take(&ok, &bad, &ok));
+    assert!(!take(&ok, &ok, &[bf16::ONE, bf16::INFINITY, bf16::ONE, bf16::ONE]));
 }
 
 /// Random tiles with some specials: denormals, tiny and huge values (DAZ/FTZ paths).
