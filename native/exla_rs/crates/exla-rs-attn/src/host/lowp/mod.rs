@@ -122,6 +122,7 @@ fn pick(policy: Policy, which: Which, dtype: ElementType, hw: Detected) -> Optio
             (_, true) if amx && hw.amx_fp16 => Some(Unit::AmxFp16),
             _ => None,
         },
+        // Another family, or no real unit on this architecture (where `which`/`hw` go unread).
         Policy::Real { .. } => {
             let _ = (which, hw);
             None

@@ -295,6 +295,43 @@ fn tile_product<U: TileUnit>(a: &[u16], b: &[u16], c0: &[f32], kblocks: usize) -
     c
 }
 
+/// Every model unit's tile block is the product its layout docs (`unit.rs`) describe: against
+/// the exact (f64) `C + A·B` of the same operands, within the model's own rounding bound.
+#[test]
+fn lowp_model_units_compute_the_documented_product() {
+    fn exact(elem: Half16, a: &[u16], b: &[u16], c0: &[f32], kblocks: usize) -> Vec<(f64, f64)> {
+        let kk = kblocks * TILE_K;
+        (0..TILE_M * TILE_N)
+            .map(|i| {
+                let (m, n) = (i / TILE_N, i % TILE_N);
+                // B[p][n] sits at pair-row p / 2, column n, element p % 2 (VNNI).
+                let terms: Vec<f64> = (0..kk).map(|p| model::elem_in(elem, a[m * kk + p]) as f64 * model::elem_in(elem, b[(p / 2) * TILE_K + 2 * n + p % 2]) as f64).collect();
+                (c0[i] as f64 + terms.iter().sum::<f64>(), c0[i].abs() as f64 + terms.iter().map(|t| t.abs()).sum::<f64>())
+            })
+            .collect()
+    }
+    let mut rng = Rng(17);
+    for kblocks in [1, 3] {
+        for elem in [Half16::Bf16, Half16::F16] {
+            let gen = |rng: &mut Rng, n: usize| (0..n).map(|_| super::pack::bits(elem, rng.uniform(2.0))).collect::<Vec<u16>>();
+            let (a, b) = (gen(&mut rng, TILE_M * kblocks * TILE_K), gen(&mut rng, kblocks * TILE_M * TILE_K));
+            let c0: Vec<f32> = (0..TILE_M * TILE_N).map(|_| rng.uniform(4.0)).collect();
+            let want = exact(elem, &a, &b, &c0, kblocks);
+            let mut got = vec![if elem == Half16::F16 { tile_product::<ModelAmx<true>>(&a, &b, &c0, kblocks) } else { tile_product::<ModelAmx<false>>(&a, &b, &c0, kblocks) }];
+            if elem == Half16::Bf16 {
+                got.push(tile_product::<ModelAvx512Bf16>(&a, &b, &c0, kblocks));
+            }
+            for g in &got {
+                for (i, (x, (w, abs))) in g.iter().zip(&want).enumerate() {
+                    // Each of the kk + kblocks roundings is ≤ 2^-24 of a partial sum ≤ abs.
+                    let bound = (kblocks * (TILE_K + 1)) as f64 * (-24f64).exp2() * abs;
+                    assert!((*x as f64 - w).abs() <= bound, "{elem:?} kblocks {kblocks} C[{i}]: {x:e} vs exact {w:e}");
+                }
+            }
+        }
+    }
+}
+
 /// The AMX bound of each C entry for these operands (`model::amx_bound`).
 #[cfg(target_arch = "x86_64")]
 fn amx_bounds(elem: Half16, a: &[u16], b: &[u16], c0: &[f32], kblocks: usize) -> Vec<f64> {

@@ -64,7 +64,7 @@ impl<U: TileUnit> Drop for UnitScope<U> {
 }
 
 /// The AMX unit's model: one [`model::tdp`] per step of 32 elements, as the real unit issues one
-/// `TDPBF16PS`/`TDPFP16PS` per step (`E` says which).
+/// `TDPBF16PS`/`TDPFP16PS` per step (`F16` says which).
 pub(crate) struct ModelAmx<const F16: bool>;
 
 impl<const F16: bool> TileUnit for ModelAmx<F16> {
