@@ -1,5 +1,7 @@
 //! Times the Host kernels without XLA: `cargo run --release -p exla-rs-attn --example host_bench
 //! [S] [reps]`. B=1, H=8, D=64, f32, causal and not. `EXLA_RS_HOST_ISA=avx2|scalar` narrows the ISA.
+//! `host_bench decode [Sk] [reps]`: one query row per sequence, B=8, 32 query heads on 8 kv heads,
+//! D=128, f32 and bf16, in GB/s of K+V read.
 
 use exla_rs_attn::host::{backward, forward, BwdInputs, BwdOutputs, FwdInputs, FwdOutputs};
 use exla_rs_attn::{AttnOptions, AttnShape};
@@ -15,7 +17,34 @@ fn cpu_secs() -> f64 {
     if f.len() > 12 { (f[10] + f[11]) / 100.0 } else { 0.0 }
 }
 
+fn decode(sk: usize, reps: usize) {
+    use half::bf16;
+    let shape = AttnShape { batch: 8, seq_q: 1, seq_k: sk, heads: 32, kv_heads: 8, head_dim: 128 };
+    let opts = AttnOptions { scale: 128f32.powf(-0.5), softcap: 0.0, window_left: -1, window_right: 0 };
+    let (kv_len, q_start) = (vec![sk as i32; 8], vec![sk as i32 - 1; 8]);
+    let f = |n: usize, seed: u64| exla_rs_attn::random::uniform_pm1(n, seed);
+    let (q, k, v) = (f(shape.q_len(), 1), f(shape.kv_len(), 2), f(shape.kv_len(), 3));
+    let time = |run: &mut dyn FnMut()| {
+        run();
+        (0..reps).map(|_| { let t = Instant::now(); run(); t.elapsed().as_secs_f64() }).fold(f64::INFINITY, f64::min)
+    };
+    let mut o = vec![0f32; q.len()];
+    let mut lse = vec![0f32; shape.lse_len()];
+    let t32 = time(&mut || forward(&shape, &opts, FwdInputs { q: &q, k: &k, v: &v, kv_len: &kv_len, q_start: &q_start }, FwdOutputs { o: &mut o, lse: &mut lse }, &mut []).unwrap());
+    let b = |x: &[f32]| x.iter().map(|&y| bf16::from_f32(y)).collect::<Vec<_>>();
+    let (qb, kb, vb) = (b(&q), b(&k), b(&v));
+    let mut ob = vec![bf16::ZERO; q.len()];
+    let t16 = time(&mut || forward(&shape, &opts, FwdInputs { q: &qb, k: &kb, v: &vb, kv_len: &kv_len, q_start: &q_start }, FwdOutputs { o: &mut ob, lse: &mut lse }, &mut []).unwrap());
+    let bytes = 2.0 * k.len() as f64;
+    println!("decode Sk={sk}: f32 {:.2} ms ({:.1} GB/s), bf16 {:.2} ms ({:.1} GB/s)", t32 * 1e3, bytes * 4.0 / t32 / 1e9, t16 * 1e3, bytes * 2.0 / t16 / 1e9);
+}
+
 fn main() {
+    if std::env::args().nth(1).as_deref() == Some("decode") {
+        let args: Vec<usize> = std::env::args().skip(2).filter_map(|a| a.parse().ok()).collect();
+        decode(args.first().copied().unwrap_or(4096), args.get(1).copied().unwrap_or(10));
+        return;
+    }
     let args: Vec<usize> = std::env::args().skip(1).filter_map(|a| a.parse().ok()).collect();
     let s = args.first().copied().unwrap_or(2048);
     let reps = args.get(1).copied().unwrap_or(5);

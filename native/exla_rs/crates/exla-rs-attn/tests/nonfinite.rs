@@ -127,6 +127,9 @@ fn hidden_nonfinite_values_reach_no_row_that_does_not_see_them() {
         check(shape(1, 80, 80, 2, 1, 32), 7, 0, &[80], &[0], &[(0, 3, 0, 5, inf), (0, 60, 0, 1, nan)], &[], on_v);
         // Causal with a KV cache: keys past each row's position (and past the last row) hold garbage.
         check(shape(2, 40, 70, 4, 2, 64), -1, 0, &[70, 70], &[30, 25], &[(0, 65, 1, 0, nan), (0, 35, 0, 7, -inf), (1, 69, 0, 2, inf)], &[], on_v);
+        // Decode (few query rows, the decode path): a window and causal over a cache whose
+        // unwritten tail holds garbage, rows of one kv head seeing different parts of a sub-block.
+        check(shape(2, 3, 300, 4, 2, 64), 40, 0, &[300, 290], &[297, 150], &[(0, 299, 1, 0, nan), (0, 250, 0, 7, inf), (1, 170, 1, 3, -inf), (1, 295, 0, 0, nan)], &[], on_v);
     }
 }
 

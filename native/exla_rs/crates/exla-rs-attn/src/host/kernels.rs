@@ -124,7 +124,16 @@ pub(crate) static IOTA: [f32; 16] = [0., 1., 2., 3., 4., 5., 6., 7., 8., 9., 10.
 pub(crate) trait Isa: Send + Sync + 'static {
     /// The scalar family (its dropout generator is the scalar one too).
     const SCALAR: bool;
+    /// f32 lanes per vector: every `n` handed to [`Isa::gemm`] is a multiple of it.
+    const LANES: usize;
     unsafe fn gemm(g: Gemm);
+    /// `out[i·out_rs + j] = Σ_{t<dp} q[i·q_rs + t]·k[j·k_rs + t]` for rows `i < rows`, keys `j < n`
+    /// (`dp` a multiple of the lane count): a few query rows against many keys, each key row read
+    /// once for all rows (the decode path's scores; a GEMM would pad the rows to a whole vector).
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn dots(q: *const f32, q_rs: usize, rows: usize, k: *const f32, k_rs: usize, n: usize, dp: usize, out: *mut f32, out_rs: usize);
+    /// `dst[0..n]` = the f16 (`f16 = true`) or bf16 values at `src` as f32.
+    unsafe fn widen16(src: *const u16, f16: bool, dst: *mut f32, n: usize);
     /// One row of a forward tile. `s[0..n]` holds `log2(e)·x`, `x = scale·q·k`; columns `[a, b)`
     /// (non-empty) are visible. Replaces `s` with `p = 2^(s2 - m_new)` (0 outside `[a, b)`), where
     /// `s2 = log2(e)·softcap(x)` and `m_new = max(m_old, max visible s2)`. Returns `(m_new, Σp)`.
@@ -252,6 +261,81 @@ macro_rules! isa_kernels {
                         i += r;
                     }
                     jv += nv;
+                }
+            }
+
+            /// [`Isa::dots`]: rows in blocks of 4 (2 keys at a time), 2 or 1 (4 keys): 8 or 4
+            /// accumulators in flight, each key vector loaded once per block of rows.
+            $(#[$feat])?
+            #[allow(clippy::too_many_arguments)]
+            unsafe fn dots(q: *const f32, q_rs: usize, rows: usize, k: *const f32, k_rs: usize, n: usize, dp: usize, out: *mut f32, out_rs: usize) {
+                let mut i = 0;
+                while i < rows {
+                    let (q, out) = (q.add(i * q_rs), out.add(i * out_rs));
+                    i += match rows - i {
+                        1 => dots_rows::<1, 4>(q, q_rs, k, k_rs, n, dp, out, out_rs),
+                        2 | 3 => dots_rows::<2, 4>(q, q_rs, k, k_rs, n, dp, out, out_rs),
+                        _ => dots_rows::<4, 2>(q, q_rs, k, k_rs, n, dp, out, out_rs),
+                    };
+                }
+            }
+
+            /// `RW` rows of [`dots`] against every key; returns `RW`.
+            $(#[$feat])?
+            #[inline]
+            #[allow(clippy::too_many_arguments)]
+            unsafe fn dots_rows<const RW: usize, const KY: usize>(q: *const f32, q_rs: usize, k: *const f32, k_rs: usize, n: usize, dp: usize, out: *mut f32, out_rs: usize) -> usize {
+                let mut j = 0;
+                while j + KY <= n {
+                    dots_micro::<RW, KY>(q, q_rs, k.add(j * k_rs), k_rs, dp, out.add(j), out_rs);
+                    j += KY;
+                }
+                while j < n {
+                    dots_micro::<RW, 1>(q, q_rs, k.add(j * k_rs), k_rs, dp, out.add(j), out_rs);
+                    j += 1;
+                }
+                RW
+            }
+
+            $(#[$feat])?
+            #[inline]
+            unsafe fn dots_micro<const RW: usize, const KY: usize>(q: *const f32, q_rs: usize, k: *const f32, k_rs: usize, dp: usize, out: *mut f32, out_rs: usize) {
+                let mut acc: [[V; KY]; RW] = [[s::zero(); KY]; RW];
+                for t in (0..dp).step_by(L) {
+                    let mut kv: [V; KY] = [s::zero(); KY];
+                    for kk in 0..KY {
+                        kv[kk] = s::load(k.add(kk * k_rs + t));
+                    }
+                    for rw in 0..RW {
+                        let qv = s::load(q.add(rw * q_rs + t));
+                        for kk in 0..KY {
+                            acc[rw][kk] = s::fma(qv, kv[kk], acc[rw][kk]);
+                        }
+                    }
+                }
+                for rw in 0..RW {
+                    for kk in 0..KY {
+                        *out.add(rw * out_rs + kk) = s::hsum(acc[rw][kk]);
+                    }
+                }
+            }
+
+            $(#[$feat])?
+            unsafe fn widen16(src: *const u16, f16: bool, dst: *mut f32, n: usize) {
+                let mut i = 0;
+                if f16 {
+                    while i + L <= n {
+                        s::store(dst.add(i), s::load_f16(src.add(i)));
+                        i += L;
+                    }
+                } else {
+                    while i + L <= n {
+                        s::store(dst.add(i), s::load_bf16(src.add(i)));
+                        i += L;
+                    }
+                }
+                for i in i..n {
+                    *dst.add(i) = if f16 { half::f16::from_bits(*src.add(i)).to_f32() } else { f32::from_bits(u32::from(*src.add(i)) << 16) };
                 }
             }
 
@@ -457,8 +541,16 @@ macro_rules! isa_kernels {
 
             impl Isa for Kernels {
                 const SCALAR: bool = L == 1;
+                const LANES: usize = L;
                 unsafe fn gemm(g: Gemm) {
                     gemm(g)
+                }
+                #[allow(clippy::too_many_arguments)]
+                unsafe fn dots(q: *const f32, q_rs: usize, rows: usize, k: *const f32, k_rs: usize, n: usize, dp: usize, out: *mut f32, out_rs: usize) {
+                    dots(q, q_rs, rows, k, k_rs, n, dp, out, out_rs)
+                }
+                unsafe fn widen16(src: *const u16, f16: bool, dst: *mut f32, n: usize) {
+                    widen16(src, f16, dst, n)
                 }
                 unsafe fn fwd_row(s: *mut f32, n: usize, a: usize, b: usize, softcap: f32, m_old: f32) -> (f32, f32) {
                     fwd_row(s, n, a, b, softcap, m_old)
@@ -487,5 +579,5 @@ macro_rules! isa_kernels {
 #[cfg(target_arch = "x86_64")]
 isa_kernels!(avx512, avx512, 6, 4, #[target_feature(enable = "avx512f")]);
 #[cfg(target_arch = "x86_64")]
-isa_kernels!(avx2, avx2, 6, 2, #[target_feature(enable = "avx2,fma")]);
+isa_kernels!(avx2, avx2, 6, 2, #[target_feature(enable = "avx2,fma,f16c")]);
 isa_kernels!(scalar, scalar, 4, 4);

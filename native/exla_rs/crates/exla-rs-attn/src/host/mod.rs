@@ -7,7 +7,7 @@
 //! - `backward.rs`: FlashAttention-2 backward, one task per (batch, kv head, block of keys; a
 //!   group of consecutive blocks when there is a bias) owning its dK/dV rows; dQ is accumulated
 //!   in f32 per query block behind a mutex. `dbias.rs` writes the bias gradient.
-//! - `kernels.rs` + `simd.rs`: the inner loops, instantiated for AVX-512, AVX2+FMA and scalar,
+//! - `kernels.rs` + `simd.rs`: the inner loops, instantiated for AVX-512, AVX2+FMA(+F16C) and scalar,
 //!   picked at run time ([`dispatch`]); no `-C target-cpu` needed.
 //!
 //! - `dropout.rs`: the dropout keep scales of a tile row (vectorised Philox); a call without
@@ -21,6 +21,7 @@
 
 mod backward;
 mod dbias;
+mod decode;
 mod dropout;
 mod element;
 mod extra;
@@ -119,6 +120,16 @@ pub(crate) fn forward_on<T: HostElement>(
     check_len("v", inp.v.len(), kl)?;
     check_len("o", out.o.len(), ql)?;
     check_len("lse", out.lse.len(), ll)?;
+    if decode::takes(shape, ex) {
+        match which {
+            #[cfg(target_arch = "x86_64")]
+            Which::Avx512 => decode::run::<T, kernels::avx512::Kernels>(shape, opts, inp, ex.key_mask, out),
+            #[cfg(target_arch = "x86_64")]
+            Which::Avx2 => decode::run::<T, kernels::avx2::Kernels>(shape, opts, inp, ex.key_mask, out),
+            Which::Scalar => decode::run::<T, kernels::scalar::Kernels>(shape, opts, inp, ex.key_mask, out),
+        }
+        return Ok(());
+    }
     // bf16 (f16 on AMX-FP16) without extras: on the CPU's dot-product unit when it has one.
     if let Some(unit) = lowp::offered(which, T::TYPE).filter(|_| ex.is_none()) {
         lowp::forward(unit, which, shape, opts, inp, out);
@@ -222,7 +233,7 @@ pub(crate) fn available() -> Vec<Which> {
     let mut v = vec![Which::Scalar];
     #[cfg(target_arch = "x86_64")]
     {
-        if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
+        if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c") {
             v.push(Which::Avx2);
         }
         if is_x86_feature_detected!("avx512f") {

@@ -48,6 +48,18 @@ pub(crate) mod avx512 {
     pub unsafe fn store(p: *mut f32, v: V) {
         _mm512_storeu_ps(p, v)
     }
+    /// 16 bf16 (the top halves of f32s) widened.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    pub unsafe fn load_bf16(p: *const u16) -> V {
+        _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(_mm256_loadu_si256(p as *const __m256i))))
+    }
+    /// 16 f16 widened (exact).
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    pub unsafe fn load_f16(p: *const u16) -> V {
+        _mm512_cvtph_ps(_mm256_loadu_si256(p as *const __m256i))
+    }
     /// `a * b + c`
     #[inline]
     #[target_feature(enable = "avx512f")]
@@ -133,6 +145,18 @@ pub(crate) mod avx2 {
     pub unsafe fn store(p: *mut f32, v: V) {
         _mm256_storeu_ps(p, v)
     }
+    /// 8 bf16 (the top halves of f32s) widened.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn load_bf16(p: *const u16) -> V {
+        _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(_mm_loadu_si128(p as *const __m128i))))
+    }
+    /// 8 f16 widened (exact; F16C, which every AVX2 CPU has and `available()` checks).
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn load_f16(p: *const u16) -> V {
+        _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i))
+    }
     #[inline]
     #[target_feature(enable = "avx2,fma")]
     pub unsafe fn fma(a: V, b: V, c: V) -> V {
@@ -217,6 +241,14 @@ pub(crate) mod scalar {
     #[inline(always)]
     pub unsafe fn store(p: *mut f32, v: V) {
         *p = v
+    }
+    #[inline(always)]
+    pub unsafe fn load_bf16(p: *const u16) -> V {
+        f32::from_bits(u32::from(*p) << 16)
+    }
+    #[inline(always)]
+    pub unsafe fn load_f16(p: *const u16) -> V {
+        half::f16::from_bits(*p).to_f32()
     }
     #[inline(always)]
     pub unsafe fn fma(a: V, b: V, c: V) -> V {

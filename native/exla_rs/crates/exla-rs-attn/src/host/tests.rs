@@ -492,6 +492,37 @@ fn large_dbias() {
     }
 }
 
+/// Few query rows against long caches (`decode.rs`): GQA/MHA, rows at different cache positions,
+/// windows and softcap, kv_len (0 too), key masks (left padding, holes, a fully masked batch row,
+/// a masked whole chunk), keys split over several chunks, D from 1 to 256.
+fn decode_cases() -> Vec<Case> {
+    let holes = |b: usize, sk: usize| (0..b * sk).map(|n| u8::from(n % 7 != 3 && n % 13 != 0)).collect::<Vec<u8>>();
+    vec![
+        Case::new(3, 1, 1000, 8, 2, 64).win(-1, 0).qs(&[999, 500, 10]).kv(&[1000, 600, 11]),
+        Case::new(2, 4, 700, 4, 4, 128).win(-1, 0).qs(&[696, 300]),
+        Case::new(1, 16, 300, 4, 1, 80).win(32, 0).qs(&[284]).cap(5.0),
+        Case::new(2, 1, 2000, 2, 1, 256).kv(&[1500, 2000]),
+        Case::new(1, 3, 5, 2, 2, 1),
+        Case::new(2, 2, 100, 2, 2, 8).kv(&[0, 100]),
+        Case::new(2, 1, 600, 4, 2, 64).left_pad(&[0, 300]).win(-1, 0).qs(&[599, 599]),
+        Case::new(2, 2, 600, 4, 2, 32).mask(holes(2, 600)).win(-1, 0).qs(&[598, 400]),
+        Case::new(2, 1, 600, 2, 1, 16).mask((0..1200).map(|n| u8::from(n < 600)).collect()),
+        Case::new(1, 1, 1200, 2, 2, 16).left_pad(&[1100]),
+    ]
+}
+
+#[test]
+fn decode_every_isa_and_dtype() {
+    for (n, c) in decode_cases().iter().enumerate() {
+        assert!(super::decode::takes(&c.shape(), &Extras { key_mask: c.key_mask.as_deref(), ..Extras::default() }), "{c:?} takes the decode path");
+        for which in available() {
+            run_case::<f32>(which, c, 1e-4, 8000 + n as u64);
+        }
+        run_case::<f16>(dispatch(), c, 5e-3, 8100 + n as u64);
+        run_case::<bf16>(dispatch(), c, 3e-2, 8200 + n as u64);
+    }
+}
+
 #[test]
 fn extras_f16_bf16() {
     for (n, c) in ext_cases().iter().enumerate() {

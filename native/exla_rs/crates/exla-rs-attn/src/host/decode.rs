@@ -1,0 +1,262 @@
+//! Decode: a few query rows per sequence against a long key cache (text generation runs one row
+//! per token). The prefill forward (`forward.rs`) packs every K and V to f32 tiles once per call
+//! and gives each query head its own task, so a one-row call reads the cache `g` times (GQA) and
+//! writes a converted copy of it first: bound by that copy, not by the one read the work needs.
+//!
+//! Here the cache is read once, in place and in its own type:
+//! - A task is (batch, chunk of keys) (flash-decoding's split over the keys, so a batch of one
+//!   still fills every core), every kv head and the `R = g·Sq` query rows that read each.
+//! - Per sub-block of keys (up to [`SUB`]) it widens the K and V rows of every kv head (one contiguous run
+//!   of the cache, read in order: the hardware prefetchers stream it; a task per kv head would
+//!   read rows `Hkv·D` elements apart, a new 4 KiB page each, and measured 4-7 GB/s here) into
+//!   L2-resident f32 scratch; per kv head it computes the scores with [`Isa::dots`] (each key
+//!   row loaded once for all the head's query rows; Q pre-scaled by `scale·log2(e)`), runs the
+//!   online-softmax row kernel on each row, and adds `P·V` into the task's f32 rows (GEMM).
+//! - A second pass merges each row's chunks: `m = max m_c`, `l = Σ l_c·2^(m_c - m)`,
+//!   `o = Σ o_c·2^(m_c - m) / l`, `lse = (m + log2 l)·ln 2`. A row that sees no key anywhere gets
+//!   `o = 0`, `lse = -inf` (the contract's fully-masked row).
+//!
+//! Used for calls whose `Sq <= DECODE_MAX_ROWS`, without bias, ALiBi or dropout (a key mask is fine).
+
+use rayon::prelude::*;
+
+use super::kernels::{Gemm, Isa, Prefetch, RowExtra, LOG2_E, NO_EXT, PAD};
+use super::{round_up, FwdInputs, FwdOutputs, HostElement, SyncPtr};
+use crate::{AttnOptions, AttnShape, ElementType, KeyRange};
+
+/// Calls with at most this many query rows per sequence take the decode path.
+pub(crate) const DECODE_MAX_ROWS: usize = 16;
+/// Most keys per sub-block (a multiple of `PAD`; the scratch's row stride).
+const SUB: usize = 64;
+/// Bytes of widened K (and as many of V) per sub-block: both together stay well inside a 512 KiB L2.
+const SUB_BYTES: usize = 128 << 10;
+/// The smallest chunk of keys one task takes (shorter chunks spend more on merging than they save).
+const MIN_CHUNK: usize = 256;
+
+/// Widens consecutive cache rows of `d` elements into rows of `dp` f32 (padding untouched, so 0).
+fn widen_rows<T: HostElement, K: Isa>(src: &[T], dst: &mut [f32], d: usize, dp: usize) {
+    let one = |s: &[T], o: &mut [f32]| match T::TYPE {
+        // SAFETY: f16/bf16 are 16-bit `repr(transparent)` floats; o holds s.len() values.
+        ElementType::F16 | ElementType::BF16 => unsafe { K::widen16(s.as_ptr() as *const u16, T::TYPE == ElementType::F16, o.as_mut_ptr(), s.len()) },
+        ElementType::F32 => T::widen(s, o),
+    };
+    if d == dp {
+        one(src, &mut dst[..src.len()]);
+    } else {
+        for (s, o) in src.chunks_exact(d).zip(dst.chunks_exact_mut(dp)) {
+            one(s, &mut o[..d]);
+        }
+    }
+}
+
+/// Whether a forward call takes this path: few query rows, keys to read, no bias/ALiBi/dropout.
+pub(super) fn takes(shape: &AttnShape, ex: &crate::Extras<'_>) -> bool {
+    let plain = ex.bias.is_none() && ex.alibi_slopes.is_none() && ex.dropout.is_none();
+    plain && shape.batch > 0 && shape.seq_q > 0 && shape.seq_q <= DECODE_MAX_ROWS && shape.seq_k > 0
+}
+
+/// Per-thread scratch, reused across tasks.
+struct Scratch {
+    /// The query rows of each kv head, `Hkv × r × dp`, scaled by `scale·log2(e)`, padding 0.
+    qs: Vec<f32>,
+    /// Widened K and V rows of the sub-block, every kv head: `sub × Hkv × dp`, padding columns 0.
+    kf: Vec<f32>,
+    vf: Vec<f32>,
+    /// `S`, then `P`, of one kv head (`r × SUB`).
+    s: Vec<f32>,
+    /// The key mask of the sub-block as a score addition, 0 or -inf (`SUB`).
+    mask_add: Vec<f32>,
+}
+
+/// `key_mask` (`[B, Sk]`, nonzero = visible) is the one optional operand this path takes: padded
+/// batches of a generation step carry one.
+pub(super) fn run<T: HostElement, K: Isa>(shape: &AttnShape, opts: &AttnOptions, inp: FwdInputs<'_, T>, key_mask: Option<&[u8]>, out: FwdOutputs<'_, T>) {
+    let AttnShape { batch, seq_q: sq, seq_k: sk, heads: h, kv_heads: hkv, head_dim: d } = *shape;
+    debug_assert!(sq <= DECODE_MAX_ROWS && sk > 0 && batch > 0 && sq > 0);
+    let g = shape.group();
+    let r = g * sq; // query rows per kv head: row = hh·sq + i reads head kvh·g + hh, query i
+    let dp = round_up(d, PAD);
+    let row_elems = hkv * d; // one key's K (or V) row of every kv head, contiguous in the cache
+    // Keys per sub-block: as many as SUB_BYTES of widened rows hold, 16..=SUB.
+    let sub = (SUB_BYTES / (hkv * dp * 4) / PAD * PAD).clamp(PAD, SUB);
+    let threads = rayon::current_num_threads().max(1);
+    // Enough tasks for every core to get several (balance), chunks no shorter than MIN_CHUNK.
+    let want_chunks = (4 * threads).div_ceil(batch).max(1);
+    let chunk = round_up(sk.div_ceil(want_chunks), sub).max(MIN_CHUNK);
+    let nch = sk.div_ceil(chunk);
+    let ntask = batch * nch;
+    // Per task, kv head and row: the chunk's unnormalised o (dp), its max m and sum l (exp2 units).
+    let mut part_o = vec![0f32; ntask * hkv * r * dp];
+    let mut part_ml = vec![(f32::NEG_INFINITY, 0f32); ntask * hkv * r];
+    let qscale = opts.scale * LOG2_E;
+    // Visibility depends on the query row i alone, so it is shared by every head.
+    let row_range = |b: usize, i: usize| KeyRange::for_row(opts, sk, inp.kv_len[b], inp.q_start[b], i);
+
+    part_o.par_chunks_mut(hkv * r * dp).zip(part_ml.par_chunks_mut(hkv * r)).enumerate().for_each_init(
+        || Scratch {
+            qs: vec![0.0; hkv * r * dp],
+            kf: vec![0.0; sub * hkv * dp],
+            vf: vec![0.0; sub * hkv * dp],
+            s: vec![0.0; r * SUB],
+            mask_add: vec![0.0; SUB],
+        },
+        |scr, (task, (o, ml))| {
+            let (b, c) = (task / nch, task % nch);
+            let (c0, c1) = (c * chunk, ((c + 1) * chunk).min(sk));
+            // The keys any row sees in this chunk.
+            let ranges: Vec<KeyRange> = (0..r).map(|row| row_range(b, row % sq)).collect();
+            let lo = ranges.iter().filter(|x| !x.is_empty()).map(|x| x.start.max(c0)).min().unwrap_or(c1);
+            let hi = ranges.iter().filter(|x| !x.is_empty()).map(|x| x.end.min(c1)).max().unwrap_or(c0);
+            if lo >= hi {
+                return;
+            }
+            for kvh in 0..hkv {
+                for row in 0..r {
+                    let (hh, i) = (row / sq, row % sq);
+                    let src = ((b * sq + i) * h + kvh * g + hh) * d;
+                    let dst = &mut scr.qs[(kvh * r + row) * dp..(kvh * r + row) * dp + d];
+                    for (o, x) in dst.iter_mut().zip(&inp.q[src..src + d]) {
+                        *o = qscale * x.to_f32();
+                    }
+                }
+            }
+            let mut j0 = lo;
+            while j0 < hi {
+                let n = sub.min(hi - j0);
+                let nw = round_up(n, K::LANES);
+                let mut partial = false;
+                if let Some(km) = key_mask {
+                    let km = &km[b * sk + j0..b * sk + j0 + n];
+                    if km.iter().all(|&x| x == 0) {
+                        j0 += n;
+                        continue;
+                    }
+                    partial = km.iter().any(|&x| x == 0);
+                    for (a, &x) in scr.mask_add.iter_mut().zip(km) {
+                        *a = if x != 0 { 0.0 } else { f32::NEG_INFINITY };
+                    }
+                }
+                // The sub-block's keys are one contiguous run of the cache (every kv head):
+                // read in order, which the hardware prefetchers stream.
+                let base = (b * sk + j0) * row_elems;
+                widen_rows::<T, K>(&inp.k[base..base + n * row_elems], &mut scr.kf, d, dp);
+                // Rows see [a, e) of this sub-block; columns n..nw are padding (masked).
+                let spans: Vec<(usize, usize)> = ranges.iter().map(|rg| (rg.start.clamp(j0, j0 + n) - j0, rg.end.clamp(j0, j0 + n) - j0)).collect();
+                let (clo, chi) = spans.iter().filter(|(a, e)| a < e).fold((nw, 0), |(lo, hi), &(a, e)| (lo.min(a), hi.max(e)));
+                partial |= spans.iter().any(|&(a, e)| a >= e || a > 0 || e < n);
+                if clo >= chi {
+                    j0 += n;
+                    continue;
+                }
+                widen_rows::<T, K>(&inp.v[base..base + n * row_elems], &mut scr.vf, d, dp);
+                for kvh in 0..hkv {
+                    let (o, ml) = (&mut o[kvh * r * dp..(kvh + 1) * r * dp], &mut ml[kvh * r..(kvh + 1) * r]);
+                    // SAFETY: qs holds this head's r rows of dp; kf n rows of Hkv·dp (this head's
+                    // dp columns at kvh·dp); s is r×SUB with n ≤ SUB.
+                    unsafe { K::dots(scr.qs.as_ptr().add(kvh * r * dp), dp, r, scr.kf.as_ptr().add(kvh * dp), hkv * dp, n, dp, scr.s.as_mut_ptr(), SUB) };
+                    for (row, &(a, e)) in spans.iter().enumerate() {
+                        let srow = &mut scr.s[row * SUB..row * SUB + nw];
+                        if a >= e {
+                            srow.fill(0.0);
+                            continue;
+                        }
+                        let (m_old, l_old) = ml[row];
+                        // SAFETY: srow has nw ≥ e elements, a < e; mask_add has SUB ≥ nw.
+                        let (m_new, sum) = unsafe {
+                            if key_mask.is_some() {
+                                K::fwd_row_ext(srow.as_mut_ptr(), nw, a, e, opts.softcap, m_old, RowExtra { add: scr.mask_add.as_ptr(), ..NO_EXT })
+                            } else {
+                                K::fwd_row(srow.as_mut_ptr(), nw, a, e, opts.softcap, m_old)
+                            }
+                        };
+                        if m_new == f32::NEG_INFINITY {
+                            // Every key this row has seen so far is masked: srow is zeros.
+                            continue;
+                        }
+                        let alpha = (m_old - m_new).exp2();
+                        if alpha != 1.0 {
+                            for x in &mut o[row * dp..(row + 1) * dp] {
+                                *x *= alpha;
+                            }
+                        }
+                        ml[row] = (m_new, l_old * alpha + sum);
+                    }
+                    // 0·inf = NaN: where a row sees only part of the block and this head's V holds
+                    // an inf or NaN there, each row multiplies only its own keys (as the prefill
+                    // forward does).
+                    let v_bad = partial && (clo..chi).any(|jj| scr.vf[(jj * hkv + kvh) * dp..(jj * hkv + kvh) * dp + d].iter().any(|x| !x.is_finite()));
+                    let per_row: Vec<(usize, usize, usize)> = if v_bad {
+                        spans.iter().enumerate().filter(|(_, (a, e))| a < e).map(|(row, &(a, e))| (row, a, e)).collect()
+                    } else {
+                        vec![(usize::MAX, clo, chi)]
+                    };
+                    for (row, a, e) in per_row {
+                        let (m, row0) = if row == usize::MAX { (r, 0) } else { (1, row) };
+                        // SAFETY: s is r×SUB (columns a..e < SUB); vf rows a..e of Hkv·dp columns
+                        // (this head's at kvh·dp); o is r×dp.
+                        unsafe {
+                            K::gemm(Gemm {
+                                m,
+                                n: dp,
+                                k: e - a,
+                                a: scr.s.as_ptr().add(row0 * SUB + a),
+                                a_rs: SUB,
+                                a_cs: 1,
+                                b: scr.vf.as_ptr().add((a * hkv + kvh) * dp),
+                                ldb: hkv * dp,
+                                c: o.as_mut_ptr().add(row0 * dp),
+                                ldc: dp,
+                                accumulate: true,
+                                pf: Prefetch::NONE,
+                            });
+                        }
+                    }
+                }
+                j0 += n;
+            }
+        },
+    );
+
+    // Merge each row's chunks into o and lse.
+    let o_ptr = SyncPtr(out.o.as_mut_ptr());
+    let lse_ptr = SyncPtr(out.lse.as_mut_ptr());
+    let (part_o, part_ml) = (&part_o[..], &part_ml[..]);
+    (0..batch * hkv * r).into_par_iter().with_min_len(8).for_each(|x| {
+        let (bkv, row) = (x / r, x % r);
+        let (b, kvh) = (bkv / hkv, bkv % hkv);
+        let (hh, i) = (row / sq, row % sq);
+        let hq = kvh * g + hh;
+        let parts = |c: usize| ((b * nch + c) * hkv + kvh) * r + row;
+        let m = (0..nch).map(|c| part_ml[parts(c)].0).fold(f32::NEG_INFINITY, f32::max);
+        let mut acc = [0f32; crate::AttnShape::MAX_HEAD_DIM];
+        let mut l = 0f32;
+        if m != f32::NEG_INFINITY {
+            for c in 0..nch {
+                let (mc, lc) = part_ml[parts(c)];
+                if lc == 0.0 {
+                    continue;
+                }
+                let w = (mc - m).exp2();
+                l += lc * w;
+                for (a, x) in acc[..d].iter_mut().zip(&part_o[parts(c) * dp..parts(c) * dp + d]) {
+                    *a += w * x;
+                }
+            }
+        }
+        // SAFETY: (b, hq, i) is written by this item alone; indices are within the checked lengths.
+        unsafe {
+            let dst = std::slice::from_raw_parts_mut(o_ptr.get().add(((b * sq + i) * h + hq) * d), d);
+            let lse = lse_ptr.get().add((b * h + hq) * sq + i);
+            if l > 0.0 {
+                let inv = 1.0 / l;
+                for (o, a) in dst.iter_mut().zip(&acc[..d]) {
+                    *o = T::from_f32(a * inv);
+                }
+                *lse = (m + l.log2()) * std::f32::consts::LN_2;
+            } else {
+                dst.fill(T::from_f32(0.0));
+                *lse = f32::NEG_INFINITY;
+            }
+        }
+    });
+}
