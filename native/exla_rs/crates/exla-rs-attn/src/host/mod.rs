@@ -29,6 +29,7 @@ mod forward;
 #[cfg(test)]
 mod group_tests;
 mod kernels;
+mod lowp;
 mod pages;
 mod simd;
 #[cfg(test)]
@@ -129,6 +130,11 @@ pub(crate) fn forward_on<T: HostElement>(
         }
         return Ok(());
     }
+    // bf16 (f16 on AMX-FP16) without extras: on the CPU's dot-product unit when it has one.
+    if let Some(unit) = lowp::offered(which, T::TYPE).filter(|_| ex.is_none()) {
+        lowp::forward(unit, which, shape, opts, inp, out);
+        return Ok(());
+    }
     match which {
         #[cfg(target_arch = "x86_64")]
         Which::Avx512 => forward::run::<T, kernels::avx512::Kernels>(shape, opts, inp, out, ex),
@@ -197,6 +203,11 @@ pub(crate) fn backward_on<T: HostElement>(
     check_len("dq", out.dq.len(), ql)?;
     check_len("dk", out.dk.len(), kl)?;
     check_len("dv", out.dv.len(), kl)?;
+    // bf16 (f16 on AMX-FP16), no extras, finite inputs: the five products on the CPU's unit.
+    if let Some(unit) = lowp::offered(which, T::TYPE).filter(|_| ex.is_none() && lowp::backward_takes(&inp)) {
+        lowp::backward(unit, which, shape, opts, inp, out);
+        return Ok(());
+    }
     match which {
         #[cfg(target_arch = "x86_64")]
         Which::Avx512 => backward::run::<T, kernels::avx512::Kernels>(shape, opts, inp, out, ex, dbias),

@@ -1,5 +1,6 @@
 //! Host kernels against a naive float64 reference that evaluates the contract's visibility
 //! predicate directly (not `KeyRange`), on every kernel family the CPU has, all three dtypes.
+//! The case builder, inputs, reference and checks are `pub(super)`: `lowp/tests.rs` uses them.
 
 use super::*;
 use crate::philox::{dropout_keep, Dropout};
@@ -7,9 +8,9 @@ use crate::{Bias, BiasData};
 use half::{bf16, f16};
 
 /// splitmix64: a tiny seeded PRNG, enough for test inputs.
-struct Rng(u64);
+pub(super) struct Rng(pub(super) u64);
 impl Rng {
-    fn next_u64(&mut self) -> u64 {
+    pub(super) fn next_u64(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
         let mut z = self.0;
         z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
@@ -17,37 +18,37 @@ impl Rng {
         z ^ (z >> 31)
     }
     /// Uniform in [-amp, amp).
-    fn uniform(&mut self, amp: f32) -> f32 {
+    pub(super) fn uniform(&mut self, amp: f32) -> f32 {
         ((self.next_u64() >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * amp
     }
 }
 
 #[derive(Clone, Debug)]
-struct Case {
-    b: usize,
-    sq: usize,
-    sk: usize,
-    h: usize,
-    hkv: usize,
-    d: usize,
-    wl: i64,
-    wr: i64,
-    softcap: f32,
-    kv_len: Vec<i32>,
-    q_start: Vec<i32>,
+pub(super) struct Case {
+    pub(super) b: usize,
+    pub(super) sq: usize,
+    pub(super) sk: usize,
+    pub(super) h: usize,
+    pub(super) hkv: usize,
+    pub(super) d: usize,
+    pub(super) wl: i64,
+    pub(super) wr: i64,
+    pub(super) softcap: f32,
+    pub(super) kv_len: Vec<i32>,
+    pub(super) q_start: Vec<i32>,
     /// `[B, Sk]`, nonzero = visible.
-    key_mask: Option<Vec<u8>>,
+    pub(super) key_mask: Option<Vec<u8>>,
     /// The bias's dims (each 1 or full); values come from the inputs' seed.
-    bias: Option<[usize; 4]>,
+    pub(super) bias: Option<[usize; 4]>,
     /// Put `-inf` into the bias: a whole query row of batch 0 / head 0 (fully masked by the bias)
     /// and a scatter of single entries.
-    bias_neg_inf: bool,
-    alibi: bool,
-    dropout: Option<Dropout>,
+    pub(super) bias_neg_inf: bool,
+    pub(super) alibi: bool,
+    pub(super) dropout: Option<Dropout>,
 }
 
 impl Case {
-    fn new(b: usize, sq: usize, sk: usize, h: usize, hkv: usize, d: usize) -> Self {
+    pub(super) fn new(b: usize, sq: usize, sk: usize, h: usize, hkv: usize, d: usize) -> Self {
         Self {
             b,
             sq,
@@ -100,26 +101,26 @@ impl Case {
         self
     }
 
-    fn win(mut self, wl: i64, wr: i64) -> Self {
+    pub(super) fn win(mut self, wl: i64, wr: i64) -> Self {
         (self.wl, self.wr) = (wl, wr);
         self
     }
-    fn cap(mut self, c: f32) -> Self {
+    pub(super) fn cap(mut self, c: f32) -> Self {
         self.softcap = c;
         self
     }
-    fn kv(mut self, kv: &[i32]) -> Self {
+    pub(super) fn kv(mut self, kv: &[i32]) -> Self {
         self.kv_len = kv.to_vec();
         self
     }
-    fn qs(mut self, qs: &[i32]) -> Self {
+    pub(super) fn qs(mut self, qs: &[i32]) -> Self {
         self.q_start = qs.to_vec();
         self
     }
-    fn shape(&self) -> AttnShape {
+    pub(super) fn shape(&self) -> AttnShape {
         AttnShape { batch: self.b, seq_q: self.sq, seq_k: self.sk, heads: self.h, kv_heads: self.hkv, head_dim: self.d }
     }
-    fn opts(&self) -> AttnOptions {
+    pub(super) fn opts(&self) -> AttnOptions {
         AttnOptions { scale: 1.0 / (self.d as f32).sqrt(), softcap: self.softcap, window_left: self.wl, window_right: self.wr }
     }
     fn visible(&self, b: usize, i: usize, j: usize) -> bool {
@@ -161,17 +162,17 @@ fn cases() -> Vec<Case> {
     ]
 }
 
-struct Inputs {
-    q: Vec<f64>,
-    k: Vec<f64>,
-    v: Vec<f64>,
-    d_o: Vec<f64>,
-    bias: Vec<f64>,
-    slopes: Vec<f32>,
+pub(super) struct Inputs {
+    pub(super) q: Vec<f64>,
+    pub(super) k: Vec<f64>,
+    pub(super) v: Vec<f64>,
+    pub(super) d_o: Vec<f64>,
+    pub(super) bias: Vec<f64>,
+    pub(super) slopes: Vec<f32>,
 }
 
 /// Random inputs, already rounded to `T` so the reference sees exactly what the kernel sees.
-fn inputs<T: HostElement>(c: &Case, seed: u64) -> Inputs {
+pub(super) fn inputs<T: HostElement>(c: &Case, seed: u64) -> Inputs {
     let mut rng = Rng(seed);
     let s = c.shape();
     let mut gen = |n: usize, amp: f32| -> Vec<f64> { (0..n).map(|_| T::from_f32(rng.uniform(amp)).to_f32() as f64).collect() };
@@ -193,21 +194,21 @@ fn inputs<T: HostElement>(c: &Case, seed: u64) -> Inputs {
     Inputs { q, k, v, d_o, bias, slopes }
 }
 
-fn cast<T: HostElement>(x: &[f64]) -> Vec<T> {
+pub(super) fn cast<T: HostElement>(x: &[f64]) -> Vec<T> {
     x.iter().map(|&v| T::from_f32(v as f32)).collect()
 }
 
 /// Naive float64 forward and analytic backward of the contract.
-struct Reference {
-    o: Vec<f64>,
-    lse: Vec<f64>,
-    dq: Vec<f64>,
-    dk: Vec<f64>,
-    dv: Vec<f64>,
-    dbias: Vec<f64>,
+pub(super) struct Reference {
+    pub(super) o: Vec<f64>,
+    pub(super) lse: Vec<f64>,
+    pub(super) dq: Vec<f64>,
+    pub(super) dk: Vec<f64>,
+    pub(super) dv: Vec<f64>,
+    pub(super) dbias: Vec<f64>,
 }
 
-fn reference(c: &Case, x: &Inputs) -> Reference {
+pub(super) fn reference(c: &Case, x: &Inputs) -> Reference {
     let (h, hkv, d, sq, sk) = (c.h, c.hkv, c.d, c.sq, c.sk);
     let g = h / hkv;
     let scale = c.opts().scale as f64;
@@ -292,19 +293,19 @@ fn reference(c: &Case, x: &Inputs) -> Reference {
 /// that are analytically 0 (dq, dk with a single key: `dP - Δ` cancels exactly): inputs are
 /// O(1), so any f32 kernel leaves ~1e-7-per-term noise there, summed over up to 200 rows; 1e-2
 /// keeps that from reading as "relative error 1" while normal gradients are O(0.1..1).
-fn rel_err(got: &[f32], want: &[f64]) -> f64 {
+pub(super) fn rel_err(got: &[f32], want: &[f64]) -> f64 {
     assert_eq!(got.len(), want.len());
     let scale = want.iter().fold(0f64, |a, &w| a.max(w.abs())).max(1e-2);
     got.iter().zip(want).map(|(&g, &w)| (g as f64 - w).abs()).fold(0.0, f64::max) / scale
 }
 
-fn check(what: &str, got: &[f32], want: &[f64], tol: f64) {
+pub(super) fn check(what: &str, got: &[f32], want: &[f64], tol: f64) {
     assert!(got.iter().all(|v| !v.is_nan()), "{what}: NaN in output");
     let e = rel_err(got, want);
     assert!(e <= tol, "{what}: relative error {e:e} > {tol:e}");
 }
 
-fn check_lse(what: &str, got: &[f32], want: &[f64], tol: f64) {
+pub(super) fn check_lse(what: &str, got: &[f32], want: &[f64], tol: f64) {
     for (n, (&g, &w)) in got.iter().zip(want).enumerate() {
         if w == f64::NEG_INFINITY {
             assert_eq!(g, f32::NEG_INFINITY, "{what}: lse[{n}] should be -inf (fully masked row)");

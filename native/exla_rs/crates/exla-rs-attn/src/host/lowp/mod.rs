@@ -1,0 +1,194 @@
+//! 16-bit forward on the CPU's dot-product units: AMX (`TDPBF16PS`, `TDPFP16PS`) and
+//! AVX512-BF16 (`VDPBF16PS`), picked at run time, with software models of each unit so the
+//! same tiling runs, and is tested, on every machine.
+//!
+//! - `tile.rs`: the AMX tile configuration (palette 1) and the tile sizes everything uses.
+//! - `model.rs`: the instructions' definitions in software (DAZ/FTZ, RNE, pair order).
+//! - `unit.rs`: [`unit::TileUnit`], the one tile-block product the tiling asks for, and the
+//!   model units; `amx.rs`, `avx512bf16.rs`: the real units and their detection.
+//! - `pack.rs`: operands into the units' VNNI layouts; `forward.rs`, `backward.rs`: the passes
+//!   (the backward's five products all on the unit).
+//!
+//! Which unit (forward and backward alike): bf16 on AMX-BF16, else AVX512-BF16; f16 only on AMX-FP16 (AVX512-FP16 multiplies
+//! in f16, which would break the contract's f32 accumulation); anything else, and calls with
+//! optional operands or dropout (and backward calls with a non-finite input), stay on the f32
+//! path. `EXLA_RS_HOST_ISA` set to anything but
+//! `amx` / `avx512bf16` (e.g. `avx512`, `avx2`) turns the units off, `avx512bf16` skips AMX;
+//! `EXLA_RS_HOST_BF16=off|model-amx|model-avx512bf16` turns them off or forces a model unit
+//! (slow: for tests and benchmarks of the tiling).
+
+#[cfg(target_arch = "x86_64")]
+mod amx;
+#[cfg(target_arch = "x86_64")]
+mod avx512bf16;
+mod backward;
+mod forward;
+mod model;
+mod pack;
+#[cfg(test)]
+mod tests;
+mod tile;
+mod unit;
+
+use std::sync::OnceLock;
+
+use super::{kernels, BwdInputs, BwdOutputs, FwdInputs, FwdOutputs, HostElement, Which};
+use crate::{AttnOptions, AttnShape, ElementType};
+use unit::{ModelAmx, ModelAvx512Bf16, TileUnit};
+
+/// A unit the forward can run on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Unit {
+    #[cfg(target_arch = "x86_64")]
+    AmxBf16,
+    #[cfg(target_arch = "x86_64")]
+    AmxFp16,
+    #[cfg(target_arch = "x86_64")]
+    Avx512Bf16,
+    ModelAmxBf16,
+    ModelAmxFp16,
+    ModelAvx512Bf16,
+}
+
+/// What the environment allows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Policy {
+    Off,
+    /// Real units as detected; `amx: false` skips AMX.
+    Real { amx: bool },
+    /// A model unit: AMX's (bf16 and f16) or AVX512-BF16's (bf16).
+    ModelAmx,
+    ModelAvx512Bf16,
+}
+
+impl Policy {
+    fn parse(isa: Option<&str>, bf16: Option<&str>) -> Policy {
+        let lower = |s: Option<&str>| s.map(str::to_ascii_lowercase);
+        match lower(bf16).as_deref() {
+            Some("off") => return Policy::Off,
+            Some("model-amx") => return Policy::ModelAmx,
+            Some("model-avx512bf16") => return Policy::ModelAvx512Bf16,
+            _ => {}
+        }
+        match lower(isa).as_deref() {
+            None | Some("") | Some("amx") => Policy::Real { amx: true },
+            Some("avx512bf16") => Policy::Real { amx: false },
+            // A narrower family asked for by name (avx512, avx2, scalar): f32 path only.
+            Some(_) => Policy::Off,
+        }
+    }
+
+    fn from_env() -> Policy {
+        static P: OnceLock<Policy> = OnceLock::new();
+        *P.get_or_init(|| Policy::parse(std::env::var("EXLA_RS_HOST_ISA").ok().as_deref(), std::env::var("EXLA_RS_HOST_BF16").ok().as_deref()))
+    }
+}
+
+/// The real units this process may use.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Detected {
+    amx_bf16: bool,
+    amx_fp16: bool,
+    avx512bf16: bool,
+}
+
+impl Detected {
+    fn get() -> Detected {
+        #[cfg(target_arch = "x86_64")]
+        {
+            let amx = amx::detected();
+            Detected { amx_bf16: amx.bf16, amx_fp16: amx.fp16, avx512bf16: avx512bf16::detected() }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        Detected::default()
+    }
+}
+
+/// The unit for a plain forward of `dtype` run with the `which` row kernels, if any. Real
+/// units go with the AVX-512 family only (their row pass is AVX-512, and a test or benchmark
+/// that asks for another family means that family's f32 path).
+fn pick(policy: Policy, which: Which, dtype: ElementType, hw: Detected) -> Option<Unit> {
+    let (bf16, f16) = (dtype == ElementType::BF16, dtype == ElementType::F16);
+    match policy {
+        Policy::Off => None,
+        Policy::ModelAmx if bf16 => Some(Unit::ModelAmxBf16),
+        Policy::ModelAmx if f16 => Some(Unit::ModelAmxFp16),
+        Policy::ModelAvx512Bf16 if bf16 => Some(Unit::ModelAvx512Bf16),
+        Policy::ModelAmx | Policy::ModelAvx512Bf16 => None,
+        #[cfg(target_arch = "x86_64")]
+        Policy::Real { amx } if which == Which::Avx512 => match (bf16, f16) {
+            (true, _) if amx && hw.amx_bf16 => Some(Unit::AmxBf16),
+            (true, _) if hw.avx512bf16 => Some(Unit::Avx512Bf16),
+            (_, true) if amx && hw.amx_fp16 => Some(Unit::AmxFp16),
+            _ => None,
+        },
+        // Another family, or no real unit on this architecture (where `which`/`hw` go unread).
+        Policy::Real { .. } => {
+            let _ = (which, hw);
+            None
+        }
+    }
+}
+
+/// The unit `forward_on` / `backward_on` should run a plain (no extras, no dropout) call on.
+pub(super) fn offered(which: Which, dtype: ElementType) -> Option<Unit> {
+    match Policy::from_env() {
+        Policy::Off => None,
+        p => pick(p, which, dtype, Detected::get()),
+    }
+}
+
+/// The forward on `unit`, with `which`'s row kernels. The caller checked the operands.
+pub(super) fn forward<T: HostElement>(unit: Unit, which: Which, shape: &AttnShape, opts: &AttnOptions, inp: FwdInputs<'_, T>, out: FwdOutputs<'_, T>) {
+    match unit {
+        #[cfg(target_arch = "x86_64")]
+        Unit::AmxBf16 => forward_with::<T, amx::Amx<false>>(which, shape, opts, inp, out),
+        #[cfg(target_arch = "x86_64")]
+        Unit::AmxFp16 => forward_with::<T, amx::Amx<true>>(which, shape, opts, inp, out),
+        #[cfg(target_arch = "x86_64")]
+        Unit::Avx512Bf16 => forward_with::<T, avx512bf16::Avx512Bf16>(which, shape, opts, inp, out),
+        Unit::ModelAmxBf16 => forward_with::<T, ModelAmx<false>>(which, shape, opts, inp, out),
+        Unit::ModelAmxFp16 => forward_with::<T, ModelAmx<true>>(which, shape, opts, inp, out),
+        Unit::ModelAvx512Bf16 => forward_with::<T, ModelAvx512Bf16>(which, shape, opts, inp, out),
+    }
+}
+
+fn forward_with<T: HostElement, U: TileUnit>(which: Which, shape: &AttnShape, opts: &AttnOptions, inp: FwdInputs<'_, T>, out: FwdOutputs<'_, T>) {
+    match which {
+        #[cfg(target_arch = "x86_64")]
+        Which::Avx512 => forward::run::<T, U, kernels::avx512::Kernels>(shape, opts, inp, out),
+        #[cfg(target_arch = "x86_64")]
+        Which::Avx2 => forward::run::<T, U, kernels::avx2::Kernels>(shape, opts, inp, out),
+        Which::Scalar => forward::run::<T, U, kernels::scalar::Kernels>(shape, opts, inp, out),
+    }
+}
+
+/// Whether the lowp backward takes these operands (see `backward::takes`).
+pub(super) fn backward_takes<T: HostElement>(inp: &BwdInputs<'_, T>) -> bool {
+    backward::takes(inp)
+}
+
+/// The backward on `unit`, with `which`'s row kernels. The caller checked the operands.
+pub(super) fn backward<T: HostElement>(unit: Unit, which: Which, shape: &AttnShape, opts: &AttnOptions, inp: BwdInputs<'_, T>, out: BwdOutputs<'_, T>) {
+    match unit {
+        #[cfg(target_arch = "x86_64")]
+        Unit::AmxBf16 => backward_with::<T, amx::Amx<false>>(which, shape, opts, inp, out),
+        #[cfg(target_arch = "x86_64")]
+        Unit::AmxFp16 => backward_with::<T, amx::Amx<true>>(which, shape, opts, inp, out),
+        #[cfg(target_arch = "x86_64")]
+        Unit::Avx512Bf16 => backward_with::<T, avx512bf16::Avx512Bf16>(which, shape, opts, inp, out),
+        Unit::ModelAmxBf16 => backward_with::<T, ModelAmx<false>>(which, shape, opts, inp, out),
+        Unit::ModelAmxFp16 => backward_with::<T, ModelAmx<true>>(which, shape, opts, inp, out),
+        Unit::ModelAvx512Bf16 => backward_with::<T, ModelAvx512Bf16>(which, shape, opts, inp, out),
+    }
+}
+
+fn backward_with<T: HostElement, U: TileUnit>(which: Which, shape: &AttnShape, opts: &AttnOptions, inp: BwdInputs<'_, T>, out: BwdOutputs<'_, T>) {
+    match which {
+        #[cfg(target_arch = "x86_64")]
+        Which::Avx512 => backward::run::<T, U, kernels::avx512::Kernels>(shape, opts, inp, out),
+        #[cfg(target_arch = "x86_64")]
+        Which::Avx2 => backward::run::<T, U, kernels::avx2::Kernels>(shape, opts, inp, out),
+        Which::Scalar => backward::run::<T, U, kernels::scalar::Kernels>(shape, opts, inp, out),
+    }
+}

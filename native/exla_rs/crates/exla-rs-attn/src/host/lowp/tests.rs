@@ -1,0 +1,438 @@
+//! `cargo test -p exla-rs-attn lowp`:
+//! - the models against hand-checked values (pair order, RNE ties, DAZ, FTZ and x86's
+//!   tininess-after-rounding, inf/NaN);
+//! - the 16-bit forward and backward on each model unit against the float64 reference of
+//!   `host/tests.rs`;
+//! - where the CPU has a real unit, its tile products against the model (bit for bit for
+//!   AVX512-BF16, within `model::amx_bound` for AMX) and its passes against the reference;
+//!   without one they say so on stderr;
+//! - the choice of unit from the environment and the detected hardware.
+
+use half::{bf16, f16};
+
+use super::super::tests::{cast, check, check_lse, inputs, reference, Case, Rng};
+use super::super::{dispatch, BwdInputs, BwdOutputs, FwdInputs, FwdOutputs, HostElement, Which};
+use super::model::{self, Half16, DEFAULT_NAN};
+use super::tile::{LOWP_TILES, TILE_K, TILE_M, TILE_N};
+use super::unit::{ModelAmx, ModelAvx512Bf16, TileGemm, TileUnit};
+use super::{backward_with, forward_with, pick, Detected, Policy, Unit};
+use crate::ElementType;
+
+/// bf16 bits of a power of two (exact).
+fn p2(e: i32) -> u16 {
+    bf16::from_f32((e as f32).exp2()).to_bits()
+}
+const ONE: u16 = 0x3F80;
+
+/// One lane of `VDPBF16PS`: `acc + a_hi·b_hi + a_lo·b_lo` (in the model's order).
+fn vdp1(acc: f32, a: [u16; 2], b: [u16; 2]) -> f32 {
+    let mut aa = [0u16; 32];
+    let mut bb = [0u16; 32];
+    aa[..2].copy_from_slice(&a);
+    bb[..2].copy_from_slice(&b);
+    let mut acc16 = [0f32; 16];
+    acc16[0] = acc;
+    model::vdpbf16ps(acc16, &aa, &bb)[0]
+}
+
+#[test]
+fn lowp_vdpbf16ps_by_hand() {
+    let bf = |x: f32| bf16::from_f32(x).to_bits();
+    // 0.5 + 2·4 + 1·3.
+    assert_eq!(vdp1(0.5, [bf(1.0), bf(2.0)], [bf(3.0), bf(4.0)]), 11.5);
+    // Pair order: the upper element first. 1 + 2^24 ties to even (2^24), then + 1 ties again:
+    // 2^24. Lower first would give 1 + 1 = 2, then 2^24 + 2 exactly.
+    assert_eq!(vdp1(1.0, [ONE, p2(24)], [ONE, ONE]), 16_777_216.0);
+    // RNE, not truncation: (2^24 + 2) + 1 is a tie between 2^24+2 (odd) and 2^24+4 (even).
+    assert_eq!(vdp1(16_777_218.0, [ONE, 0], [ONE, 0]), 16_777_220.0);
+    // DAZ: the smallest bf16 denormal (2^-133) reads as 0, so ·2^100 adds 0 (not 2^-33).
+    assert_eq!(vdp1(0.0, [0x0001, 0], [p2(100), 0]).to_bits(), 0);
+    // DAZ on the accumulator too: a denormal f32 accumulator reads as 0.
+    assert_eq!(vdp1(f32::from_bits(1), [0, 0], [0, 0]).to_bits(), 0);
+    // FTZ: 2^-70·2^-70 = 2^-140 is an f32 denormal: written as 0, keeping the sign.
+    assert_eq!(vdp1(0.0, [p2(-70), 0], [p2(-70), 0]).to_bits(), 0);
+    assert_eq!(vdp1(0.0, [p2(-70) | 0x8000, 0], [p2(-70), 0]).to_bits(), 0x8000_0000);
+    // Tininess after rounding: 2^-126 - 2^-150 rounds onto the denormal grid to 2^-126, but
+    // with an unbounded exponent it is representable below 2^-126, so x86 calls it tiny: 0.
+    let min = f32::MIN_POSITIVE;
+    assert_eq!(vdp1(min, [p2(-75) | 0x8000, 0], [p2(-75), 0]).to_bits(), 0);
+    // 2^-126 - 2^-152 rounds to 2^-126 either way: kept.
+    assert_eq!(vdp1(min, [p2(-76) | 0x8000, 0], [p2(-76), 0]), min);
+    // Overflow: 2^127·2^127 is +inf.
+    assert_eq!(vdp1(0.0, [p2(127), 0], [p2(127), 0]), f32::INFINITY);
+    // inf·0 is invalid: the default NaN, which then propagates through the second FMA.
+    let inf = 0x7F80;
+    assert_eq!(vdp1(0.0, [ONE, inf], [ONE, 0]).to_bits(), DEFAULT_NAN);
+    // inf + (-inf): the default NaN.
+    assert_eq!(vdp1(f32::INFINITY, [0, inf | 0x8000], [0, ONE]).to_bits(), DEFAULT_NAN);
+    // inf propagates.
+    assert_eq!(vdp1(0.0, [ONE, inf], [ONE, ONE]), f32::INFINITY);
+    // NaN priority (SDM table 5-1): src1 low beats src2 high, quieted (0x7F81 -> 0x7FC10000).
+    assert_eq!(vdp1(0.0, [0x7F81, ONE], [ONE, 0x7FA0]).to_bits(), 0x7FC1_0000);
+    // src2 high beats srcdest.
+    assert_eq!(vdp1(f32::from_bits(0x7FC0_1234), [ONE, ONE], [ONE, 0x7FA0]).to_bits(), 0x7FE0_0000);
+    // srcdest's NaN when the sources have none.
+    assert_eq!(vdp1(f32::from_bits(0x7FC0_1234), [ONE, ONE], [ONE, ONE]).to_bits(), 0x7FC0_1234);
+}
+
+/// C (16×16) of one `TDP*PS` on tiles whose only nonzero entries are given:
+/// `a[(row, element)]`, `b[(pair_row, column, element)]`.
+fn tdp1(elem: Half16, c00: f32, a: &[((usize, usize), u16)], b: &[((usize, usize, usize), u16)]) -> f32 {
+    let mut av = vec![0u16; TILE_M * TILE_K];
+    let mut bv = vec![0u16; TILE_M * TILE_K];
+    for &((r, p), x) in a {
+        av[r * TILE_K + p] = x;
+    }
+    for &((k, n, e), x) in b {
+        bv[k * TILE_K + 2 * n + e] = x;
+    }
+    let mut c = vec![0f32; TILE_M * TILE_N];
+    c[0] = c00;
+    model::tdp(elem, &LOWP_TILES, &mut c, TILE_N, &av, TILE_K, &bv, TILE_K);
+    c[0]
+}
+
+#[test]
+fn lowp_tdp_by_hand() {
+    let bf = |x: f32| bf16::from_f32(x).to_bits();
+    // 0.5 + (1·5 + 3·7) + (2·6 + 4·8).
+    let a = [((0, 0), bf(1.0)), ((0, 1), bf(2.0)), ((0, 2), bf(3.0)), ((0, 3), bf(4.0))];
+    let b = [((0, 0, 0), bf(5.0)), ((0, 0, 1), bf(6.0)), ((1, 0, 0), bf(7.0)), ((1, 0, 1), bf(8.0))];
+    assert_eq!(tdp1(Half16::Bf16, 0.5, &a, &b), 70.5);
+    // The SDM's order: even elements and odd elements summed apart over k, then added. Here
+    // even = 2^24 + 0, odd = 1 + 1 = 2, so C = 2^24 + 2; summing the elements in sequence
+    // (2^24, 1, 0, 1) would lose both 1s to ties-to-even and give 2^24.
+    let a = [((0, 0), p2(24)), ((0, 1), ONE), ((0, 3), ONE)];
+    let b = [((0, 0, 0), ONE), ((0, 0, 1), ONE), ((1, 0, 0), ONE), ((1, 0, 1), ONE)];
+    assert_eq!(tdp1(Half16::Bf16, 0.0, &a, &b), 16_777_218.0);
+    // Only row 0 / column 0 are touched: another column sees nothing.
+    // bf16 denormal inputs are zero (DAZ) ...
+    assert_eq!(tdp1(Half16::Bf16, 0.0, &[((0, 0), 0x0001)], &[((0, 0, 0), p2(100))]).to_bits(), 0);
+    // ... f16 denormal inputs are not (AMX-FP16): 2^-24 · 2^10 = 2^-14.
+    let h = |x: f32| f16::from_f32(x).to_bits();
+    assert_eq!(tdp1(Half16::F16, 0.0, &[((0, 0), 0x0001)], &[((0, 0, 0), h(1024.0))]), (-14f32).exp2());
+    // f16 inputs: 0.25 + 1.5·2 + 3·0.5.
+    let a = [((0, 0), h(1.5)), ((0, 1), h(3.0))];
+    let b = [((0, 0, 0), h(2.0)), ((0, 0, 1), h(0.5))];
+    assert_eq!(tdp1(Half16::F16, 0.25, &a, &b), 4.75);
+    // FTZ on the final sum: 2^-127 (denormal) from 2^-63.5-ish products is flushed; use
+    // 2^-64·2^-63 = 2^-127 in bf16.
+    assert_eq!(tdp1(Half16::Bf16, 0.0, &[((0, 0), p2(-64))], &[((0, 0, 0), p2(-63))]).to_bits(), 0);
+    // inf·0: default NaN; NaN inputs propagate quieted.
+    assert_eq!(tdp1(Half16::Bf16, 0.0, &[((0, 0), 0x7F80)], &[((0, 0, 0), 0)]).to_bits(), DEFAULT_NAN);
+    assert_eq!(tdp1(Half16::Bf16, 1.0, &[((0, 0), 0x7F81)], &[((0, 0, 0), ONE)]).to_bits(), 0x7FC1_0000);
+    assert_eq!(tdp1(Half16::F16, 1.0, &[((0, 1), 0x7C00)], &[((0, 0, 1), h(2.0))]), f32::INFINITY);
+}
+
+#[test]
+fn lowp_tile_config_image() {
+    let b = LOWP_TILES.bytes();
+    assert_eq!(b[0], 1, "palette 1");
+    for t in 0..3 {
+        assert_eq!(u16::from_le_bytes([b[16 + 2 * t], b[17 + 2 * t]]), 64);
+        assert_eq!(b[48 + t], 16);
+    }
+    assert!(b[22..48].iter().chain(&b[51..]).all(|&x| x == 0), "unused tiles and reserved bytes are 0");
+}
+
+/// The 16-bit forward and backward on unit `U` for one case, checked like `host/tests.rs` checks the f32
+/// path: against the f64 reference (which sees the same rounded inputs), lse `-inf`, `o = 0` and
+/// `dq = 0` on fully masked rows.
+fn run_case<T: HostElement, U: TileUnit>(which: Which, c: &Case, tol: f64, seed: u64) {
+    let x = inputs::<T>(c, seed);
+    let want = reference(c, &x);
+    let (shape, opts) = (c.shape(), c.opts());
+    let (q, k, v) = (cast::<T>(&x.q), cast::<T>(&x.k), cast::<T>(&x.v));
+    // Garbage first, so a missed write shows.
+    let mut o = vec![T::from_f32(7.0); q.len()];
+    let mut lse = vec![7.0f32; shape.lse_len()];
+    forward_with::<T, U>(which, &shape, &opts, FwdInputs { q: &q, k: &k, v: &v, kv_len: &c.kv_len, q_start: &c.q_start }, FwdOutputs { o: &mut o, lse: &mut lse });
+    let tag = format!("{} {} {c:?}", std::any::type_name::<U>(), T::TYPE);
+    let of: Vec<f32> = o.iter().map(|v| v.to_f32()).collect();
+    check(&format!("o {tag}"), &of, &want.o, tol);
+    check_lse(&format!("lse {tag}"), &lse, &want.lse, tol);
+
+    // The backward from this forward's o and lse, as a training step runs them.
+    let d_o = cast::<T>(&x.d_o);
+    let mut dq = vec![T::from_f32(7.0); q.len()];
+    let mut dk = vec![T::from_f32(7.0); k.len()];
+    let mut dv = vec![T::from_f32(7.0); v.len()];
+    backward_with::<T, U>(which, &shape, &opts, BwdInputs { q: &q, k: &k, v: &v, kv_len: &c.kv_len, q_start: &c.q_start, o: &o, lse: &lse, d_o: &d_o }, BwdOutputs { dq: &mut dq, dk: &mut dk, dv: &mut dv });
+    let f = |x: &[T]| x.iter().map(|v| v.to_f32()).collect::<Vec<f32>>();
+    for (name, got, want) in [("dq", f(&dq), &want.dq), ("dk", f(&dk), &want.dk), ("dv", f(&dv), &want.dv)] {
+        check(&format!("{name} {tag}"), &got, want, GRAD_TOL_FACTOR * tol);
+    }
+    for b in 0..c.b {
+        for hh in 0..c.h {
+            for i in 0..c.sq {
+                if want.lse[(b * c.h + hh) * c.sq + i] == f64::NEG_INFINITY {
+                    let at = ((b * c.sq + i) * c.h + hh) * c.d;
+                    assert!(of[at..at + c.d].iter().all(|&v| v == 0.0), "o of a fully masked row {tag}");
+                    assert!(f(&dq[at..at + c.d]).iter().all(|&v| v == 0.0), "dq of a fully masked row {tag}");
+                }
+            }
+        }
+    }
+}
+
+/// Small (the model is slow) shapes at the tiling's edges: Sq/Sk not multiples of 16/64, D from
+/// 1 to 256 (padded to 32), causal, windows, softcap, kv_len < Sk (and 0: whole batch row
+/// masked), q_start, GQA, rows fully masked by a window past kv_len.
+fn cases() -> Vec<Case> {
+    vec![
+        Case::new(1, 37, 45, 4, 2, 32),
+        Case::new(1, 70, 70, 2, 1, 64).win(-1, 0),
+        Case::new(1, 33, 100, 2, 1, 80).win(-1, 0).qs(&[67]),
+        Case::new(1, 20, 30, 1, 1, 128).cap(0.5),
+        Case::new(2, 21, 40, 2, 2, 256).kv(&[0, 17]),
+        Case::new(1, 40, 40, 1, 1, 8).win(0, 0).kv(&[20]),
+        Case::new(1, 19, 23, 2, 1, 1),
+        Case::new(1, 17, 70, 2, 2, 200).win(5, 7).cap(20.0),
+    ]
+}
+
+/// Tolerances (max abs error over max |o|, as `host/tests.rs` measures), from P's rounding to
+/// the input type (unit roundoff u: bf16 2^-9, f16 2^-12): each p moves by ≤ u·p, so `o` moves
+/// by ≤ u·max|v| in the worst case (all errors one way) and by ~u·|v|·sqrt(Σp²) ≪ that for
+/// independent roundings; `o`'s own rounding adds ≤ u·max|o|. These cases measure ≤ 1.6u
+/// (bf16 2.0e-3..3.4e-3, f16 3.1e-4..6.2e-4); 4u keeps a margin and still fails on anything
+/// larger than an output ulp (a packing or layout mistake is O(1)).
+const TOL_BF16: f64 = 4.0 / 512.0;
+const TOL_F16: f64 = 4.0 / 4096.0;
+/// The gradients' tolerance over the forward's: they take a second rounding to the input type
+/// (dX, besides P) and `o` in the input type; these cases measure ≤ 3.1u (bf16) and ≤ 3.8u
+/// (f16), so 2x (8u), as `host/tests.rs` allows its gradients.
+const GRAD_TOL_FACTOR: f64 = 2.0;
+
+#[test]
+fn lowp_fwd_bwd_model_amx_bf16() {
+    for (n, c) in cases().iter().enumerate() {
+        run_case::<bf16, ModelAmx<false>>(dispatch(), c, TOL_BF16, 5000 + n as u64);
+    }
+}
+
+#[test]
+fn lowp_fwd_bwd_model_amx_fp16() {
+    for (n, c) in cases().iter().enumerate() {
+        run_case::<f16, ModelAmx<true>>(dispatch(), c, TOL_F16, 6000 + n as u64);
+    }
+}
+
+#[test]
+fn lowp_fwd_bwd_model_avx512bf16() {
+    for (n, c) in cases().iter().enumerate() {
+        run_case::<bf16, ModelAvx512Bf16>(dispatch(), c, TOL_BF16, 7000 + n as u64);
+    }
+}
+
+/// The model path runs the row pass of any family: the scalar one too.
+#[test]
+fn lowp_fwd_bwd_model_scalar_rows() {
+    let c = Case::new(1, 30, 50, 2, 1, 48).win(-1, 0);
+    run_case::<bf16, ModelAmx<false>>(Which::Scalar, &c, TOL_BF16, 8000);
+}
+
+/// An inf in V at a key some rows cannot see reaches only the rows that see it.
+#[test]
+fn lowp_forward_inf_in_v_stays_in_visible_rows() {
+    let c = Case::new(1, 20, 20, 1, 1, 16).win(-1, 0);
+    let x = inputs::<bf16>(&c, 9000);
+    let (q, k, mut v) = (cast::<bf16>(&x.q), cast::<bf16>(&x.k), cast::<bf16>(&x.v));
+    // Key 10, d 3: rows 0..10 (causal) never see it.
+    v[10 * 16 + 3] = bf16::INFINITY;
+    let mut o = vec![bf16::ZERO; q.len()];
+    let mut lse = vec![0f32; 20];
+    let (shape, opts) = (c.shape(), c.opts());
+    forward_with::<bf16, ModelAmx<false>>(dispatch(), &shape, &opts, FwdInputs { q: &q, k: &k, v: &v, kv_len: &c.kv_len, q_start: &c.q_start }, FwdOutputs { o: &mut o, lse: &mut lse });
+    for i in 0..20 {
+        let row = &o[i * 16..(i + 1) * 16];
+        assert!(row.iter().all(|x| x.to_f32().is_finite()) == (i < 10), "row {i}: {row:?}");
+    }
+}
+
+/// The backward leaves calls with a non-finite operand to the f32 path.
+#[test]
+fn lowp_backward_takes_only_finite_operands() {
+    let ok = [bf16::ONE; 4];
+    let bad = [bf16::ONE, bf16::NAN, bf16::ONE, bf16::ONE];
+    let lse = [0f32; 4];
+    let take = |q: &[bf16], k: &[bf16], d_o: &[bf16]| super::backward_takes(&BwdInputs { q, k, v: &ok, kv_len: &[4], q_start: &[0], o: &ok, lse: &lse, d_o });
+    assert!(take(&ok, &ok, &ok));
+    assert!(!take(&bad, &ok, &ok));
+    assert!(!take(&ok, &bad, &ok));
+    assert!(!take(&ok, &ok, &[bf16::ONE, bf16::INFINITY, bf16::ONE, bf16::ONE]));
+}
+
+/// Random tiles with some specials: denormals, tiny and huge values (DAZ/FTZ paths).
+fn random_tile_operands(rng: &mut Rng, elem: Half16, kblocks: usize) -> (Vec<u16>, Vec<u16>, Vec<f32>) {
+    let mut gen = |n: usize| -> Vec<u16> {
+        (0..n)
+            .map(|i| {
+                let x = rng.uniform(2.0);
+                match i % 53 {
+                    7 => 0x0003 | if x < 0.0 { 0x8000 } else { 0 },
+                    19 => super::pack::bits(elem, x * 1e-30),
+                    _ => super::pack::bits(elem, x),
+                }
+            })
+            .collect()
+    };
+    let a = gen(TILE_M * kblocks * TILE_K);
+    let b = gen(kblocks * TILE_M * TILE_K);
+    let c = (0..TILE_M * TILE_N).map(|_| rng.uniform(4.0)).collect();
+    (a, b, c)
+}
+
+/// `C` after `U::gemm` (accumulating onto `c0`).
+fn tile_product<U: TileUnit>(a: &[u16], b: &[u16], c0: &[f32], kblocks: usize) -> Vec<f32> {
+    let mut c = c0.to_vec();
+    // SAFETY: A is 16 × kblocks·32, B kblocks·16 pair-rows of 32, C 16 × 16: the extents of
+    // TileGemm; the caller checked U is available.
+    unsafe {
+        let _scope = super::unit::UnitScope::<U>::enter();
+        U::gemm(&TileGemm { a: a.as_ptr(), lda: kblocks * TILE_K, b: b.as_ptr(), c: c.as_mut_ptr(), ldc: TILE_N, kblocks, accumulate: true });
+    }
+    c
+}
+
+/// Every model unit's tile block is the product its layout docs (`unit.rs`) describe: against
+/// the exact (f64) `C + A·B` of the same operands, within the model's own rounding bound.
+#[test]
+fn lowp_model_units_compute_the_documented_product() {
+    fn exact(elem: Half16, a: &[u16], b: &[u16], c0: &[f32], kblocks: usize) -> Vec<(f64, f64)> {
+        let kk = kblocks * TILE_K;
+        (0..TILE_M * TILE_N)
+            .map(|i| {
+                let (m, n) = (i / TILE_N, i % TILE_N);
+                // B[p][n] sits at pair-row p / 2, column n, element p % 2 (VNNI).
+                let terms: Vec<f64> = (0..kk).map(|p| model::elem_in(elem, a[m * kk + p]) as f64 * model::elem_in(elem, b[(p / 2) * TILE_K + 2 * n + p % 2]) as f64).collect();
+                (c0[i] as f64 + terms.iter().sum::<f64>(), c0[i].abs() as f64 + terms.iter().map(|t| t.abs()).sum::<f64>())
+            })
+            .collect()
+    }
+    let mut rng = Rng(17);
+    for kblocks in [1, 3] {
+        for elem in [Half16::Bf16, Half16::F16] {
+            let gen = |rng: &mut Rng, n: usize| (0..n).map(|_| super::pack::bits(elem, rng.uniform(2.0))).collect::<Vec<u16>>();
+            let (a, b) = (gen(&mut rng, TILE_M * kblocks * TILE_K), gen(&mut rng, kblocks * TILE_M * TILE_K));
+            let c0: Vec<f32> = (0..TILE_M * TILE_N).map(|_| rng.uniform(4.0)).collect();
+            let want = exact(elem, &a, &b, &c0, kblocks);
+            let mut got = vec![if elem == Half16::F16 { tile_product::<ModelAmx<true>>(&a, &b, &c0, kblocks) } else { tile_product::<ModelAmx<false>>(&a, &b, &c0, kblocks) }];
+            if elem == Half16::Bf16 {
+                got.push(tile_product::<ModelAvx512Bf16>(&a, &b, &c0, kblocks));
+            }
+            for g in &got {
+                for (i, (x, (w, abs))) in g.iter().zip(&want).enumerate() {
+                    // Each of the kk + kblocks roundings is ≤ 2^-24 of a partial sum ≤ abs.
+                    let bound = (kblocks * (TILE_K + 1)) as f64 * (-24f64).exp2() * abs;
+                    assert!((*x as f64 - w).abs() <= bound, "{elem:?} kblocks {kblocks} C[{i}]: {x:e} vs exact {w:e}");
+                }
+            }
+        }
+    }
+}
+
+/// The AMX bound of each C entry for these operands (`model::amx_bound`).
+#[cfg(target_arch = "x86_64")]
+fn amx_bounds(elem: Half16, a: &[u16], b: &[u16], c0: &[f32], kblocks: usize) -> Vec<f64> {
+    let kk = kblocks * TILE_K;
+    (0..TILE_M * TILE_N)
+        .map(|i| {
+            let (m, n) = (i / TILE_N, i % TILE_N);
+            let s: f64 = (0..kk).map(|p| (model::elem_in(elem, a[m * kk + p]) as f64 * model::elem_in(elem, b[(p / 2) * TILE_K + 2 * n + p % 2]) as f64).abs()).sum();
+            // Each tdp step adds into C: kblocks instructions, each within the bound.
+            kblocks as f64 * model::amx_bound(s + c0[i].abs() as f64, TILE_K)
+        })
+        .collect()
+}
+
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn lowp_real_avx512bf16_matches_model_bit_for_bit() {
+    if !super::avx512bf16::detected() {
+        eprintln!("SKIPPED lowp_real_avx512bf16_matches_model_bit_for_bit: this CPU has no AVX512-BF16");
+        return;
+    }
+    let mut rng = Rng(11);
+    for kblocks in [1, 2, 3] {
+        let (a, b, c0) = random_tile_operands(&mut rng, Half16::Bf16, kblocks);
+        let real = tile_product::<super::avx512bf16::Avx512Bf16>(&a, &b, &c0, kblocks);
+        let model = tile_product::<ModelAvx512Bf16>(&a, &b, &c0, kblocks);
+        for (i, (r, m)) in real.iter().zip(&model).enumerate() {
+            assert!(r.to_bits() == m.to_bits() || (r.is_nan() && m.is_nan()), "C[{i}]: real {r:e} ({:#x}) model {m:e} ({:#x})", r.to_bits(), m.to_bits());
+        }
+    }
+    for (n, c) in cases().iter().enumerate() {
+        run_case::<bf16, super::avx512bf16::Avx512Bf16>(Which::Avx512, c, TOL_BF16, 7100 + n as u64);
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn lowp_real_amx_matches_model_within_bound() {
+    let caps = super::amx::detected();
+    for (f16_unit, have) in [(false, caps.bf16), (true, caps.fp16)] {
+        let name = if f16_unit { "AMX-FP16" } else { "AMX-BF16" };
+        if !have {
+            eprintln!("SKIPPED lowp_real_amx_matches_model_within_bound for {name}: not on this CPU (or the OS did not grant the tile state)");
+            continue;
+        }
+        let elem = if f16_unit { Half16::F16 } else { Half16::Bf16 };
+        let mut rng = Rng(13);
+        for kblocks in [1, 2, 3] {
+            let (a, b, c0) = random_tile_operands(&mut rng, elem, kblocks);
+            let (real, model) = if f16_unit {
+                (tile_product::<super::amx::Amx<true>>(&a, &b, &c0, kblocks), tile_product::<ModelAmx<true>>(&a, &b, &c0, kblocks))
+            } else {
+                (tile_product::<super::amx::Amx<false>>(&a, &b, &c0, kblocks), tile_product::<ModelAmx<false>>(&a, &b, &c0, kblocks))
+            };
+            let bound = amx_bounds(elem, &a, &b, &c0, kblocks);
+            let exact = real.iter().zip(&model).filter(|(r, m)| r.to_bits() == m.to_bits()).count();
+            for (i, ((r, m), bd)) in real.iter().zip(&model).zip(&bound).enumerate() {
+                assert!((*r as f64 - *m as f64).abs() <= *bd, "{name} C[{i}]: real {r:e} model {m:e} bound {bd:e}");
+            }
+            eprintln!("{name}, {kblocks} step(s): {exact}/256 entries bit-identical to the model, all within the bound");
+        }
+        for (n, c) in cases().iter().enumerate() {
+            if f16_unit {
+                run_case::<f16, super::amx::Amx<true>>(Which::Avx512, c, TOL_F16, 7200 + n as u64);
+            } else {
+                run_case::<bf16, super::amx::Amx<false>>(Which::Avx512, c, TOL_BF16, 7300 + n as u64);
+            }
+        }
+    }
+}
+
+#[test]
+fn lowp_choice_of_unit() {
+    assert_eq!(Policy::parse(None, None), Policy::Real { amx: true });
+    assert_eq!(Policy::parse(Some("AVX2"), None), Policy::Off);
+    assert_eq!(Policy::parse(Some("avx512"), None), Policy::Off);
+    assert_eq!(Policy::parse(Some("avx512bf16"), None), Policy::Real { amx: false });
+    assert_eq!(Policy::parse(None, Some("off")), Policy::Off);
+    assert_eq!(Policy::parse(Some("avx2"), Some("model-amx")), Policy::ModelAmx);
+    assert_eq!(Policy::parse(None, Some("model-avx512bf16")), Policy::ModelAvx512Bf16);
+    let none = Detected::default();
+    let all = Detected { amx_bf16: true, amx_fp16: true, avx512bf16: true };
+    let (bf, hf, f32t) = (ElementType::BF16, ElementType::F16, ElementType::F32);
+    let w = dispatch();
+    assert_eq!(pick(Policy::Real { amx: true }, w, bf, none), None);
+    assert_eq!(pick(Policy::Off, w, bf, all), None);
+    assert_eq!(pick(Policy::ModelAmx, w, bf, none), Some(Unit::ModelAmxBf16));
+    assert_eq!(pick(Policy::ModelAmx, w, hf, none), Some(Unit::ModelAmxFp16));
+    assert_eq!(pick(Policy::ModelAvx512Bf16, w, hf, none), None);
+    assert_eq!(pick(Policy::ModelAmx, w, f32t, none), None);
+    #[cfg(target_arch = "x86_64")]
+    {
+        let avx = Which::Avx512;
+        assert_eq!(pick(Policy::Real { amx: true }, avx, bf, all), Some(Unit::AmxBf16));
+        assert_eq!(pick(Policy::Real { amx: false }, avx, bf, all), Some(Unit::Avx512Bf16));
+        assert_eq!(pick(Policy::Real { amx: true }, avx, hf, all), Some(Unit::AmxFp16));
+        assert_eq!(pick(Policy::Real { amx: false }, avx, hf, all), None);
+        assert_eq!(pick(Policy::Real { amx: true }, avx, hf, Detected { amx_fp16: false, ..all }), None);
+        assert_eq!(pick(Policy::Real { amx: true }, avx, bf, Detected { amx_bf16: false, ..all }), Some(Unit::Avx512Bf16));
+        assert_eq!(pick(Policy::Real { amx: true }, avx, f32t, all), None);
+        // Another family asked for by name: its f32 path.
+        assert_eq!(pick(Policy::Real { amx: true }, Which::Avx2, bf, all), None);
+    }
+}

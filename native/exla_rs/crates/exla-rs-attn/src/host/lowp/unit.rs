@@ -1,0 +1,121 @@
+//! What the lowp tiling asks of a dot-product unit ([`TileUnit`]), and the model units that
+//! answer it with `model.rs` on any CPU.
+//!
+//! One call is one C block of [`TILE_M`] × [`TILE_N`] f32: `C (+)= A·B` over `kblocks` steps of
+//! [`TILE_K`] 16-bit elements, with
+//! - A row-major: row `r`, element `p` at `a[r·lda + p]` (pairs are consecutive elements);
+//! - B one VNNI panel of 16 columns: step `kb`, pair-row `k`, column `n`, element `e` at
+//!   `b[((kb·16 + k)·16 + n)·2 + e]` = B[kb·32 + 2k + e][n] (64 bytes per pair-row);
+//! - C row-major with `ldc` (f32).
+//!
+//! Each real unit runs the block as its instructions do; its model runs the same instructions'
+//! definitions in the same order, so a model run is what that unit computes (bit for bit for
+//! AVX512-BF16, within [`super::model::amx_bound`] for AMX).
+
+use super::model::{self, Half16};
+use super::tile::{LOWP_TILES, TILE_K, TILE_M, TILE_N};
+
+/// One tile-block product (see the module docs for the layouts).
+#[derive(Clone, Copy)]
+pub(crate) struct TileGemm {
+    pub a: *const u16,
+    pub lda: usize,
+    pub b: *const u16,
+    pub c: *mut f32,
+    pub ldc: usize,
+    pub kblocks: usize,
+    /// false: `C = A·B` (old C ignored); true: `C += A·B`.
+    pub accumulate: bool,
+}
+
+/// A 16-bit dot-product unit.
+///
+/// # Safety
+/// Callers pass pointers valid for the extents of [`TileGemm`] (16 rows of A and C, `kblocks`
+/// steps), call [`TileUnit::gemm`] only between [`TileUnit::begin`] and [`TileUnit::end`] on
+/// the same thread, and use a real unit only when `lowp::offered` detected it.
+pub(crate) trait TileUnit: Send + Sync + 'static {
+    /// The element type its A and B hold.
+    const ELEM: Half16;
+    /// Readies this thread's unit (AMX: `ldtilecfg`).
+    unsafe fn begin();
+    /// Leaves the thread as it found it (AMX: `tilerelease`).
+    unsafe fn end();
+    unsafe fn gemm(g: &TileGemm);
+}
+
+/// [`TileUnit::begin`] .. [`TileUnit::end`] as a scope: `end` runs even if a task unwinds.
+pub(crate) struct UnitScope<U: TileUnit>(core::marker::PhantomData<U>);
+
+impl<U: TileUnit> UnitScope<U> {
+    /// # Safety
+    /// `U` must be usable on this CPU (see [`TileUnit`]).
+    pub(crate) unsafe fn enter() -> Self {
+        U::begin();
+        Self(core::marker::PhantomData)
+    }
+}
+
+impl<U: TileUnit> Drop for UnitScope<U> {
+    fn drop(&mut self) {
+        // SAFETY: paired with the `begin` of `enter` on this thread.
+        unsafe { U::end() }
+    }
+}
+
+/// The AMX unit's model: one [`model::tdp`] per step of 32 elements, as the real unit issues one
+/// `TDPBF16PS`/`TDPFP16PS` per step (`F16` says which).
+pub(crate) struct ModelAmx<const F16: bool>;
+
+impl<const F16: bool> TileUnit for ModelAmx<F16> {
+    const ELEM: Half16 = if F16 { Half16::F16 } else { Half16::Bf16 };
+    unsafe fn begin() {}
+    unsafe fn end() {}
+    unsafe fn gemm(g: &TileGemm) {
+        // SAFETY: the caller's extents (trait docs): C is 16 rows of ldc, A 16 rows of lda with
+        // kblocks·32 elements each, B kblocks·16 pair-rows of 32 elements.
+        let c = std::slice::from_raw_parts_mut(g.c, (TILE_M - 1) * g.ldc + TILE_N);
+        let a = std::slice::from_raw_parts(g.a, (TILE_M - 1) * g.lda + g.kblocks * TILE_K);
+        let b = std::slice::from_raw_parts(g.b, g.kblocks * TILE_M * TILE_K);
+        if !g.accumulate {
+            for r in 0..TILE_M {
+                c[r * g.ldc..r * g.ldc + TILE_N].fill(0.0);
+            }
+        }
+        for kb in 0..g.kblocks {
+            model::tdp(Self::ELEM, &LOWP_TILES, c, g.ldc, &a[kb * TILE_K..], g.lda, &b[kb * TILE_M * TILE_K..], TILE_K);
+        }
+    }
+}
+
+/// The AVX512-BF16 unit's model: per C row, one `VDPBF16PS` per pair of the reduction, with
+/// that pair of A broadcast to all 16 lanes and the pair-row of B, in the real unit's order.
+pub(crate) struct ModelAvx512Bf16;
+
+impl TileUnit for ModelAvx512Bf16 {
+    const ELEM: Half16 = Half16::Bf16;
+    unsafe fn begin() {}
+    unsafe fn end() {}
+    unsafe fn gemm(g: &TileGemm) {
+        for r in 0..TILE_M {
+            // SAFETY: row r of C (16 f32) and of A (kblocks·32 elements), B's kblocks·16
+            // pair-rows, per the trait's extents.
+            let crow = std::slice::from_raw_parts_mut(g.c.add(r * g.ldc), TILE_N);
+            let arow = std::slice::from_raw_parts(g.a.add(r * g.lda), g.kblocks * TILE_K);
+            let b = std::slice::from_raw_parts(g.b, g.kblocks * TILE_M * TILE_K);
+            let mut acc = [0f32; 16];
+            if g.accumulate {
+                acc.copy_from_slice(crow);
+            }
+            for (p, bpair) in b.chunks_exact(TILE_K).enumerate() {
+                let mut abc = [0u16; 32];
+                for lane in abc.chunks_exact_mut(2) {
+                    lane.copy_from_slice(&arow[2 * p..2 * p + 2]);
+                }
+                let bpair: &[u16; 32] = bpair.try_into().expect("chunks of 32");
+                acc = model::vdpbf16ps(acc, &abc, bpair);
+            }
+            crow.copy_from_slice(&acc);
+        }
+    }
+}
