@@ -1,6 +1,6 @@
 """Our Host handlers side by side with PyTorch's CPU flash attention (`bench_host.py --torch`).
 
-    scripts/bench_setup.sh                       # .venv/bench: jax 0.10.2 + torch (never in the test path)
+    scripts/setup.sh --bench                     # .venv/bench: jax 0.10.2 + torch (never in the test path)
     .venv/bench/bin/python bench/bench_host.py --torch                      # the whole table, appended to RESULTS.md
     .venv/bench/bin/python bench/bench_host.py --torch --sizes 2048 --no-write --dims 64
 

@@ -52,4 +52,9 @@ venv pjrt "lammps-jax-pjrt-cpu==0.11.2"
 # Hugging Face's tokenizers: scripts/make_test_tokenizer.py makes (and CI checks) the small real
 # tokenizer.json of the Bumblebee serving test (test/data/bumblebee_tokenizer).
 venv tokenizers "tokenizers==0.21.1"
+# Benchmarks only, never the tests (`scripts/setup.sh --bench`): PyTorch's CPU SDPA next to our
+# handlers in one process (bench/bench_host.py --torch).
+if [[ ${1:-} == --bench ]]; then
+  venv bench "jax[cpu]==0.10.2" "numpy<3" ml_dtypes torch==2.15.0
+fi
 echo "setup: done"

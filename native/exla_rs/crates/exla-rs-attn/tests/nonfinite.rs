@@ -16,6 +16,7 @@ struct Run {
     dv: Vec<f32>,
 }
 
+#[allow(clippy::too_many_arguments)]
 fn run(s: &AttnShape, opts: &AttnOptions, q: &[f32], k: &[f32], v: &[f32], d_o: &[f32], kv_len: &[i32], q_start: &[i32]) -> Run {
     let mut o = vec![0f32; q.len()];
     let mut lse = vec![0f32; s.batch * s.heads * s.seq_q];

@@ -131,7 +131,7 @@ pub(super) fn run<T: HostElement, K: Isa>(shape: &AttnShape, opts: &AttnOptions,
                         j0 += n;
                         continue;
                     }
-                    partial = km.iter().any(|&x| x == 0);
+                    partial = km.contains(&0);
                     for (a, &x) in scr.mask_add.iter_mut().zip(km) {
                         *a = if x != 0 { 0.0 } else { f32::NEG_INFINITY };
                     }

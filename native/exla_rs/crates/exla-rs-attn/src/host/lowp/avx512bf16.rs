@@ -1,5 +1,6 @@
-//! The AVX512-BF16 unit: `VDPBF16PS zmm` (`_mm512_dpbf16_ps`, stable), one C row (16 f32
-//! lanes) at a time, A's pair broadcast to every lane, B's VNNI pair-row as the other operand.
+//! The AVX512-BF16 unit: `VDPBF16PS zmm` (`_mm512_dpbf16_ps`, stable), a C row (16 f32 lanes)
+//! per accumulator, eight rows at a time, A's pair broadcast to every lane, B's VNNI pair-row as
+//! the other operand.
 //! The order is [`super::unit::ModelAvx512Bf16`]'s, and the instruction is exactly defined,
 //! so the two agree bit for bit.
 
@@ -16,19 +17,32 @@ pub(crate) fn detected() -> bool {
 
 pub(crate) struct Avx512Bf16;
 
+/// C rows in flight at once: `VDPBF16PS` has a latency of several cycles, so one row's chain of
+/// dependent instructions would leave the unit idle; eight rows give eight independent chains
+/// that share each load of B's pair-row. Each lane's own order (pairs in sequence) is the
+/// model's, so the results stay bit-identical to it.
+const ROWS: usize = 8;
+
 #[target_feature(enable = "avx512f,avx512bf16")]
 unsafe fn gemm(g: &TileGemm) {
-    for r in 0..TILE_M {
-        let c = g.c.add(r * g.ldc);
-        let a = g.a.add(r * g.lda);
-        let mut acc = if g.accumulate { _mm512_loadu_ps(c) } else { _mm512_setzero_ps() };
-        for p in 0..g.kblocks * TILE_K / 2 {
-            // One pair of A (32 bits) in every lane; B's pair-row p (64 bytes).
-            let av = _mm512_set1_epi32((a.add(2 * p) as *const i32).read_unaligned());
-            let bv = _mm512_loadu_si512(g.b.add(p * TILE_K) as *const __m512i);
-            acc = _mm512_dpbf16_ps(acc, core::mem::transmute::<__m512i, __m512bh>(av), core::mem::transmute::<__m512i, __m512bh>(bv));
+    for r0 in (0..TILE_M).step_by(ROWS) {
+        let mut acc = [_mm512_setzero_ps(); ROWS];
+        if g.accumulate {
+            for (i, acc) in acc.iter_mut().enumerate() {
+                *acc = _mm512_loadu_ps(g.c.add((r0 + i) * g.ldc));
+            }
         }
-        _mm512_storeu_ps(c, acc);
+        for p in 0..g.kblocks * TILE_K / 2 {
+            // B's pair-row p (64 bytes), then per row one pair of A (32 bits) in every lane.
+            let bv: __m512bh = core::mem::transmute(_mm512_loadu_si512(g.b.add(p * TILE_K) as *const __m512i));
+            for (i, acc) in acc.iter_mut().enumerate() {
+                let av = _mm512_set1_epi32((g.a.add((r0 + i) * g.lda + 2 * p) as *const i32).read_unaligned());
+                *acc = _mm512_dpbf16_ps(*acc, core::mem::transmute::<__m512i, __m512bh>(av), bv);
+            }
+        }
+        for (i, acc) in acc.iter().enumerate() {
+            _mm512_storeu_ps(g.c.add((r0 + i) * g.ldc), *acc);
+        }
     }
 }
 

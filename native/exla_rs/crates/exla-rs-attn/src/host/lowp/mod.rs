@@ -6,6 +6,7 @@
 //! - `model.rs`: the instructions' definitions in software (DAZ/FTZ, RNE, pair order).
 //! - `unit.rs`: [`unit::TileUnit`], the one tile-block product the tiling asks for, and the
 //!   model units; `amx.rs`, `avx512bf16.rs`: the real units and their detection.
+//! - `probe.rs`: a real unit is offered only after it reproduced its model on one block.
 //! - `pack.rs`: operands into the units' VNNI layouts; `forward.rs`, `backward.rs`: the passes
 //!   (the backward's five products all on the unit).
 //!
@@ -25,6 +26,7 @@ mod backward;
 mod forward;
 mod model;
 mod pack;
+mod probe;
 #[cfg(test)]
 mod tests;
 mod tile;
@@ -93,14 +95,23 @@ struct Detected {
 }
 
 impl Detected {
+    /// Once per process: what the CPU and OS offer, each unit kept only if it reproduces its
+    /// model on a probe block ([`probe`]).
     fn get() -> Detected {
-        #[cfg(target_arch = "x86_64")]
-        {
-            let amx = amx::detected();
-            Detected { amx_bf16: amx.bf16, amx_fp16: amx.fp16, avx512bf16: avx512bf16::detected() }
-        }
-        #[cfg(not(target_arch = "x86_64"))]
-        Detected::default()
+        static HW: OnceLock<Detected> = OnceLock::new();
+        *HW.get_or_init(|| {
+            #[cfg(target_arch = "x86_64")]
+            {
+                let amx = amx::detected();
+                Detected {
+                    amx_bf16: amx.bf16 && probe::agrees::<amx::Amx<false>, ModelAmx<false>>(false),
+                    amx_fp16: amx.fp16 && probe::agrees::<amx::Amx<true>, ModelAmx<true>>(false),
+                    avx512bf16: avx512bf16::detected() && probe::agrees::<avx512bf16::Avx512Bf16, ModelAvx512Bf16>(true),
+                }
+            }
+            #[cfg(not(target_arch = "x86_64"))]
+            Detected::default()
+        })
     }
 }
 

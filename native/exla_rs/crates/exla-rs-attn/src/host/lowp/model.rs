@@ -177,7 +177,6 @@ pub(crate) fn tdp(elem: Half16, cfg: &super::tile::TileConfig, c: &mut [f32], ld
 /// value (first order); hardware that adds in any order with f32 or wider intermediates is
 /// within the same, so the two differ by at most twice that, plus 2^-125 for values either
 /// side may have flushed (FTZ). `abs_sum` = `|c| + Σ|a_i·b_i|`, `k_elems` = 2K.
-#[cfg(test)]
 pub(crate) fn amx_bound(abs_sum: f64, k_elems: usize) -> f64 {
     2.0 * (k_elems as f64 + 1.0) * (-24f64).exp2() * abs_sum + (-125f64).exp2()
 }

@@ -14,6 +14,9 @@ use super::super::tests::{cast, check, check_lse, inputs, reference, Case, Rng};
 use super::super::{dispatch, BwdInputs, BwdOutputs, FwdInputs, FwdOutputs, HostElement, Which};
 use super::model::{self, Half16, DEFAULT_NAN};
 use super::tile::{LOWP_TILES, TILE_K, TILE_M, TILE_N};
+#[cfg(target_arch = "x86_64")]
+use super::probe::amx_bounds;
+use super::probe::{agrees, tile_product};
 use super::unit::{ModelAmx, ModelAvx512Bf16, TileGemm, TileUnit};
 use super::{backward_with, forward_with, pick, Detected, Policy, Unit};
 use crate::ElementType;
@@ -283,18 +286,6 @@ fn random_tile_operands(rng: &mut Rng, elem: Half16, kblocks: usize) -> (Vec<u16
     (a, b, c)
 }
 
-/// `C` after `U::gemm` (accumulating onto `c0`).
-fn tile_product<U: TileUnit>(a: &[u16], b: &[u16], c0: &[f32], kblocks: usize) -> Vec<f32> {
-    let mut c = c0.to_vec();
-    // SAFETY: A is 16 × kblocks·32, B kblocks·16 pair-rows of 32, C 16 × 16: the extents of
-    // TileGemm; the caller checked U is available.
-    unsafe {
-        let _scope = super::unit::UnitScope::<U>::enter();
-        U::gemm(&TileGemm { a: a.as_ptr(), lda: kblocks * TILE_K, b: b.as_ptr(), c: c.as_mut_ptr(), ldc: TILE_N, kblocks, accumulate: true });
-    }
-    c
-}
-
 /// Every model unit's tile block is the product its layout docs (`unit.rs`) describe: against
 /// the exact (f64) `C + A·B` of the same operands, within the model's own rounding bound.
 #[test]
@@ -330,20 +321,6 @@ fn lowp_model_units_compute_the_documented_product() {
             }
         }
     }
-}
-
-/// The AMX bound of each C entry for these operands (`model::amx_bound`).
-#[cfg(target_arch = "x86_64")]
-fn amx_bounds(elem: Half16, a: &[u16], b: &[u16], c0: &[f32], kblocks: usize) -> Vec<f64> {
-    let kk = kblocks * TILE_K;
-    (0..TILE_M * TILE_N)
-        .map(|i| {
-            let (m, n) = (i / TILE_N, i % TILE_N);
-            let s: f64 = (0..kk).map(|p| (model::elem_in(elem, a[m * kk + p]) as f64 * model::elem_in(elem, b[(p / 2) * TILE_K + 2 * n + p % 2]) as f64).abs()).sum();
-            // Each tdp step adds into C: kblocks instructions, each within the bound.
-            kblocks as f64 * model::amx_bound(s + c0[i].abs() as f64, TILE_K)
-        })
-        .collect()
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -434,5 +411,52 @@ fn lowp_choice_of_unit() {
         assert_eq!(pick(Policy::Real { amx: true }, avx, f32t, all), None);
         // Another family asked for by name: its f32 path.
         assert_eq!(pick(Policy::Real { amx: true }, Which::Avx2, bf, all), None);
+    }
+}
+
+/// A unit one ulp off its model in one C entry: the probe that gates the real units must refuse it.
+struct OneUlpOff;
+
+impl TileUnit for OneUlpOff {
+    const ELEM: Half16 = Half16::Bf16;
+    unsafe fn begin() {}
+    unsafe fn end() {}
+    unsafe fn gemm(g: &TileGemm) {
+        ModelAvx512Bf16::gemm(g);
+        let c = g.c.add(5 * g.ldc + 7);
+        *c = f32::from_bits((*c).to_bits() + 1);
+    }
+}
+
+#[test]
+fn lowp_probe_refuses_a_unit_that_differs_from_its_model() {
+    assert!(agrees::<ModelAvx512Bf16, ModelAvx512Bf16>(true));
+    assert!(!agrees::<OneUlpOff, ModelAvx512Bf16>(true), "bit for bit: one ulp is a difference");
+    // Within the AMX bound one ulp of a 2-step block passes; a unit that drops C's old value
+    // does not.
+    assert!(agrees::<OneUlpOff, ModelAvx512Bf16>(false));
+    struct NoAccumulate;
+    impl TileUnit for NoAccumulate {
+        const ELEM: Half16 = Half16::Bf16;
+        unsafe fn begin() {}
+        unsafe fn end() {}
+        unsafe fn gemm(g: &TileGemm) {
+            ModelAmx::<false>::gemm(&TileGemm { accumulate: false, ..*g });
+        }
+    }
+    assert!(!agrees::<NoAccumulate, ModelAmx<false>>(false));
+    // On a CPU with the units, each passes its probe (or `offered` would silently drop it).
+    #[cfg(target_arch = "x86_64")]
+    {
+        if super::avx512bf16::detected() {
+            assert!(agrees::<super::avx512bf16::Avx512Bf16, ModelAvx512Bf16>(true));
+        }
+        let caps = super::amx::detected();
+        if caps.bf16 {
+            assert!(agrees::<super::amx::Amx<false>, ModelAmx<false>>(false));
+        }
+        if caps.fp16 {
+            assert!(agrees::<super::amx::Amx<true>, ModelAmx<true>>(false));
+        }
     }
 }
