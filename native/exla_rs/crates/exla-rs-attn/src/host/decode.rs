@@ -21,7 +21,7 @@
 use rayon::prelude::*;
 
 use super::kernels::{Gemm, Isa, Prefetch, RowExtra, LOG2_E, NO_EXT, PAD};
-use super::{round_up, FwdInputs, FwdOutputs, HostElement, SyncPtr};
+use super::{finish_row, round_up, FwdInputs, FwdOutputs, HostElement, SyncPtr};
 use crate::{AttnOptions, AttnShape, ElementType, KeyRange};
 
 /// Calls with at most this many query rows per sequence take the decode path.
@@ -246,17 +246,7 @@ pub(super) fn run<T: HostElement, K: Isa>(shape: &AttnShape, opts: &AttnOptions,
         // SAFETY: (b, hq, i) is written by this item alone; indices are within the checked lengths.
         unsafe {
             let dst = std::slice::from_raw_parts_mut(o_ptr.get().add(((b * sq + i) * h + hq) * d), d);
-            let lse = lse_ptr.get().add((b * h + hq) * sq + i);
-            if l > 0.0 {
-                let inv = 1.0 / l;
-                for (o, a) in dst.iter_mut().zip(&acc[..d]) {
-                    *o = T::from_f32(a * inv);
-                }
-                *lse = (m + l.log2()) * std::f32::consts::LN_2;
-            } else {
-                dst.fill(T::from_f32(0.0));
-                *lse = f32::NEG_INFINITY;
-            }
+            finish_row(dst, &mut *lse_ptr.get().add((b * h + hq) * sq + i), &acc[..d], m, l);
         }
     });
 }

@@ -13,7 +13,7 @@ use rayon::prelude::*;
 use super::dropout::{keep_tile_fn, KeepTileFn, MUL, NO_DROPOUT};
 use super::extra::{BiasPanel, PanelSpan, Prep, PANEL_TILES};
 use super::kernels::{Gemm, Isa, Prefetch, RowExtra, LOG2_E, PAD};
-use super::{round_up, FwdInputs, FwdOutputs, HostElement, SyncPtr};
+use super::{finish_row, round_up, FwdInputs, FwdOutputs, HostElement, SyncPtr};
 use crate::philox::Dropout;
 use crate::{AttnOptions, AttnShape, Extras, KeyRange};
 
@@ -21,6 +21,49 @@ use crate::{AttnOptions, AttnShape, Extras, KeyRange};
 pub(crate) const BR: usize = 64;
 /// Keys per tile (a multiple of `PAD`).
 pub(crate) const BC: usize = 64;
+
+/// Whether the call is done before any tile: nothing to compute (no batch or query rows), or no
+/// keys at all, where every row is fully masked (written here: o = 0, lse = -inf).
+pub(crate) fn finished_without_keys<T: HostElement>(shape: &AttnShape, out: &mut FwdOutputs<'_, T>) -> bool {
+    if shape.batch == 0 || shape.seq_q == 0 {
+        return true;
+    }
+    if shape.seq_k == 0 {
+        out.o.fill(T::from_f32(0.0));
+        out.lse.fill(f32::NEG_INFINITY);
+        return true;
+    }
+    false
+}
+
+/// Where task `task` of a forward sits: one (batch, head, block of `br` query rows), tasks
+/// numbered block-fastest, then head, then batch.
+pub(crate) struct QueryBlock {
+    pub b: usize,
+    pub hq: usize,
+    /// `b·Hkv + hq / g`: the (batch, kv head) whose keys the block reads.
+    pub bkv: usize,
+    pub i0: usize,
+    pub rows: usize,
+}
+
+impl QueryBlock {
+    pub(crate) fn of(task: usize, br: usize, shape: &AttnShape) -> Self {
+        let nqb = shape.seq_q.div_ceil(br);
+        let (bhq, qb) = (task / nqb, task % nqb);
+        let (b, hq) = (bhq / shape.heads, bhq % shape.heads);
+        let i0 = qb * br;
+        Self { b, hq, bkv: b * shape.kv_heads + hq / shape.group(), i0, rows: br.min(shape.seq_q - i0) }
+    }
+
+    /// Each row's visible keys into `ranges` (cleared first); returns the block's.
+    pub(crate) fn ranges(&self, opts: &AttnOptions, shape: &AttnShape, kv_len: &[i32], q_start: &[i32], ranges: &mut Vec<KeyRange>) -> KeyRange {
+        let (kvl, qst, sk) = (kv_len[self.b], q_start[self.b], shape.seq_k);
+        ranges.clear();
+        ranges.extend((0..self.rows).map(|r| KeyRange::for_row(opts, sk, kvl, qst, self.i0 + r)));
+        KeyRange::for_rows(opts, sk, kvl, qst, self.i0, self.i0 + self.rows)
+    }
+}
 
 /// Per-thread scratch, reused across tasks.
 struct Scratch {
@@ -68,18 +111,11 @@ pub(super) fn run_panels<T: HostElement, K: Isa>(shape: &AttnShape, opts: &AttnO
     }
 }
 
-fn run_impl<T: HostElement, K: Isa, const EXT: bool, const DROP: bool>(shape: &AttnShape, opts: &AttnOptions, inp: FwdInputs<'_, T>, out: FwdOutputs<'_, T>, ex: &Extras<'_>, panel_tiles: usize) {
+fn run_impl<T: HostElement, K: Isa, const EXT: bool, const DROP: bool>(shape: &AttnShape, opts: &AttnOptions, inp: FwdInputs<'_, T>, mut out: FwdOutputs<'_, T>, ex: &Extras<'_>, panel_tiles: usize) {
     let AttnShape { batch, seq_q: sq, seq_k: sk, heads: h, kv_heads: hkv, head_dim: d } = *shape;
-    if batch == 0 || sq == 0 {
+    if finished_without_keys(shape, &mut out) {
         return;
     }
-    if sk == 0 {
-        // No keys at all: every row is fully masked.
-        out.o.fill(T::from_f32(0.0));
-        out.lse.fill(f32::NEG_INFINITY);
-        return;
-    }
-    let g = shape.group();
     let dp = round_up(d, PAD);
     let ntk = sk.div_ceil(BC);
 
@@ -117,9 +153,7 @@ fn run_impl<T: HostElement, K: Isa, const EXT: bool, const DROP: bool>(shape: &A
         if task >= batch * h * nqb {
             return None;
         }
-        let (bhq, qb) = (task / nqb, task % nqb);
-        let (b, hq, i0) = (bhq / h, bhq % h, qb * BR);
-        let rows = BR.min(sq - i0);
+        let QueryBlock { b, hq, i0, rows, .. } = QueryBlock::of(task, BR, shape);
         let block = KeyRange::for_rows(opts, sk, inp.kv_len[b], inp.q_start[b], i0, i0 + rows);
         let t0 = block.start / BC;
         (!block.is_empty()).then(|| PanelSpan { b, hq, i0, rows, t0, t1: (t0 + panel_tiles).min(block.end.div_ceil(BC)) })
@@ -138,15 +172,10 @@ fn run_impl<T: HostElement, K: Isa, const EXT: bool, const DROP: bool>(shape: &A
             panel: BiasPanel::new(prep, panel_tiles),
         },
         |scr, task| {
-            let (bhq, qb) = (task / nqb, task % nqb);
-            let (b, hq) = (bhq / h, bhq % h);
-            let bkv = b * hkv + hq / g;
-            let i0 = qb * BR;
-            let rows = BR.min(sq - i0);
-            let (kvl, qst) = (inp.kv_len[b], inp.q_start[b]);
-            scr.ranges.clear();
-            scr.ranges.extend((0..rows).map(|r| KeyRange::for_row(opts, sk, kvl, qst, i0 + r)));
-            let block = KeyRange::for_rows(opts, sk, kvl, qst, i0, i0 + rows);
+            let qblock = QueryBlock::of(task, BR, shape);
+            let block = qblock.ranges(opts, shape, inp.kv_len, inp.q_start, &mut scr.ranges);
+            let QueryBlock { b, hq, bkv, i0, rows } = qblock;
+            let qst = inp.q_start[b];
 
             scr.m[..rows].fill(f32::NEG_INFINITY);
             scr.l[..rows].fill(0.0);
@@ -196,18 +225,8 @@ fn run_impl<T: HostElement, K: Isa, const EXT: bool, const DROP: bool>(shape: &A
             unsafe {
                 for r in 0..rows {
                     let dst = std::slice::from_raw_parts_mut(o_ptr.get().add(((b * sq + i0 + r) * h + hq) * d), d);
-                    let l = scr.l[r];
-                    let lse = lse_ptr.get().add((b * h + hq) * sq + i0 + r);
-                    if l > 0.0 {
-                        let inv = 1.0 / l;
-                        for (o, x) in dst.iter_mut().zip(&scr.o[r * dp..r * dp + d]) {
-                            *o = T::from_f32(x * inv);
-                        }
-                        *lse = (scr.m[r] + l.log2()) * std::f32::consts::LN_2;
-                    } else {
-                        dst.fill(T::from_f32(0.0));
-                        *lse = f32::NEG_INFINITY;
-                    }
+                    let lse = &mut *lse_ptr.get().add((b * h + hq) * sq + i0 + r);
+                    finish_row(dst, lse, &scr.o[r * dp..r * dp + d], scr.m[r], scr.l[r]);
                 }
             }
         },

@@ -314,6 +314,21 @@ impl<T> SyncPtr<T> {
     }
 }
 
+/// Writes one finished query row: `o = acc / l` in `T` and `lse = (m + log2 l)·ln 2` (`m`, `l` in
+/// exp2 units), or the contract's fully masked row (`o = 0`, `lse = -inf`) when `l` is 0.
+pub(crate) fn finish_row<T: HostElement>(o: &mut [T], lse: &mut f32, acc: &[f32], m: f32, l: f32) {
+    if l > 0.0 {
+        let inv = 1.0 / l;
+        for (o, x) in o.iter_mut().zip(acc) {
+            *o = T::from_f32(x * inv);
+        }
+        *lse = (m + l.log2()) * std::f32::consts::LN_2;
+    } else {
+        o.fill(T::from_f32(0.0));
+        *lse = f32::NEG_INFINITY;
+    }
+}
+
 pub(crate) fn round_up(x: usize, m: usize) -> usize {
     x.div_ceil(m) * m
 }

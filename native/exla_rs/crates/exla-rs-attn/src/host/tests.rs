@@ -384,14 +384,18 @@ fn run_case<T: BiasOf>(which: Which, c: &Case, tol: f64, seed: u64) {
             check(&format!("dbias {tag}"), &got, &want.dbias, 4.0 * tol);
         }
     }
-    // Fully masked rows: lse -inf, o and dq exactly 0.
+    check_fully_masked_rows(c, &want, &of, &f(&dq), &tag);
+}
+
+/// Fully masked rows (reference lse -inf): o and dq exactly 0.
+pub(super) fn check_fully_masked_rows(c: &Case, want: &Reference, o: &[f32], dq: &[f32], tag: &str) {
     for b in 0..c.b {
         for hh in 0..c.h {
             for i in 0..c.sq {
                 if want.lse[(b * c.h + hh) * c.sq + i] == f64::NEG_INFINITY {
                     let at = ((b * c.sq + i) * c.h + hh) * c.d;
-                    assert!(of[at..at + c.d].iter().all(|&v| v == 0.0), "o of a fully masked row {tag}");
-                    assert!(f(&dq[at..at + c.d]).iter().all(|&v| v == 0.0), "dq of a fully masked row {tag}");
+                    assert!(o[at..at + c.d].iter().all(|&v| v == 0.0), "o of a fully masked row {tag}");
+                    assert!(dq[at..at + c.d].iter().all(|&v| v == 0.0), "dq of a fully masked row {tag}");
                 }
             }
         }

@@ -15,7 +15,8 @@
 use rayon::prelude::*;
 
 use super::super::kernels::{Isa, LOG2_E};
-use super::super::{FwdInputs, FwdOutputs, HostElement, SyncPtr};
+use super::super::forward::{finished_without_keys, QueryBlock};
+use super::super::{finish_row, FwdInputs, FwdOutputs, HostElement, SyncPtr};
 use super::pack::{self, padded_dim, BC};
 use super::tile::{TILE_K, TILE_M, TILE_N};
 use super::unit::{TileGemm, TileUnit, UnitScope};
@@ -46,19 +47,12 @@ struct KvHead<'a> {
     vbad: &'a [bool],
 }
 
-pub(crate) fn run<T: HostElement, U: TileUnit, K: Isa>(shape: &AttnShape, opts: &AttnOptions, inp: FwdInputs<'_, T>, out: FwdOutputs<'_, T>) {
+pub(crate) fn run<T: HostElement, U: TileUnit, K: Isa>(shape: &AttnShape, opts: &AttnOptions, inp: FwdInputs<'_, T>, mut out: FwdOutputs<'_, T>) {
     let AttnShape { batch, seq_q: sq, seq_k: sk, heads: h, kv_heads: hkv, head_dim: d } = *shape;
-    if batch == 0 || sq == 0 {
-        return;
-    }
-    if sk == 0 {
-        // No keys: every row is fully masked.
-        out.o.fill(T::from_f32(0.0));
-        out.lse.fill(f32::NEG_INFINITY);
+    if finished_without_keys(shape, &mut out) {
         return;
     }
     let elem = U::ELEM;
-    let g = shape.group();
     let dp = padded_dim(d);
     let ntk = sk.div_ceil(BC);
     let per_head = ntk * BC * dp;
@@ -82,15 +76,9 @@ pub(crate) fn run<T: HostElement, U: TileUnit, K: Isa>(shape: &AttnShape, opts: 
     (0..batch * h * nqb).into_par_iter().for_each_init(
         || Scratch { qa: vec![0; BR * dp], s: vec![0.0; BR * BC], pa: vec![0; BR * BC], o: vec![0.0; BR * dp], m: vec![0.0; BR], l: vec![0.0; BR], ranges: Vec::with_capacity(BR) },
         |scr, task| {
-            let (bhq, qb) = (task / nqb, task % nqb);
-            let (b, hq) = (bhq / h, bhq % h);
-            let bkv = b * hkv + hq / g;
-            let i0 = qb * BR;
-            let rows = BR.min(sq - i0);
-            let (kvl, qst) = (inp.kv_len[b], inp.q_start[b]);
-            scr.ranges.clear();
-            scr.ranges.extend((0..rows).map(|r| KeyRange::for_row(opts, sk, kvl, qst, i0 + r)));
-            let block = KeyRange::for_rows(opts, sk, kvl, qst, i0, i0 + rows);
+            let qblock = QueryBlock::of(task, BR, shape);
+            let block = qblock.ranges(opts, shape, inp.kv_len, inp.q_start, &mut scr.ranges);
+            let QueryBlock { b, hq, bkv, i0, rows } = qblock;
             scr.m[..rows].fill(f32::NEG_INFINITY);
             scr.l[..rows].fill(0.0);
             if !block.is_empty() {
@@ -119,18 +107,8 @@ pub(crate) fn run<T: HostElement, U: TileUnit, K: Isa>(shape: &AttnShape, opts: 
             unsafe {
                 for r in 0..rows {
                     let dst = std::slice::from_raw_parts_mut(o_ptr.get().add(((b * sq + i0 + r) * h + hq) * d), d);
-                    let l = scr.l[r];
-                    let lse = lse_ptr.get().add((b * h + hq) * sq + i0 + r);
-                    if l > 0.0 {
-                        let inv = 1.0 / l;
-                        for (o, x) in dst.iter_mut().zip(&scr.o[r * dp..r * dp + d]) {
-                            *o = T::from_f32(x * inv);
-                        }
-                        *lse = (scr.m[r] + l.log2()) * std::f32::consts::LN_2;
-                    } else {
-                        dst.fill(T::from_f32(0.0));
-                        *lse = f32::NEG_INFINITY;
-                    }
+                    let lse = &mut *lse_ptr.get().add((b * h + hq) * sq + i0 + r);
+                    finish_row(dst, lse, &scr.o[r * dp..r * dp + d], scr.m[r], scr.l[r]);
                 }
             }
         },

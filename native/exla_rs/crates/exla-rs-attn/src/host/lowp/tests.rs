@@ -10,7 +10,7 @@
 
 use half::{bf16, f16};
 
-use super::super::tests::{cast, check, check_lse, inputs, reference, Case, Rng};
+use super::super::tests::{cast, check, check_fully_masked_rows, check_lse, inputs, reference, Case, Rng};
 use super::super::{dispatch, BwdInputs, BwdOutputs, FwdInputs, FwdOutputs, HostElement, Which};
 use super::model::{self, Half16, DEFAULT_NAN};
 use super::tile::{LOWP_TILES, TILE_K, TILE_M, TILE_N};
@@ -165,17 +165,7 @@ fn run_case<T: HostElement, U: TileUnit>(which: Which, c: &Case, tol: f64, seed:
     for (name, got, want) in [("dq", f(&dq), &want.dq), ("dk", f(&dk), &want.dk), ("dv", f(&dv), &want.dv)] {
         check(&format!("{name} {tag}"), &got, want, GRAD_TOL_FACTOR * tol);
     }
-    for b in 0..c.b {
-        for hh in 0..c.h {
-            for i in 0..c.sq {
-                if want.lse[(b * c.h + hh) * c.sq + i] == f64::NEG_INFINITY {
-                    let at = ((b * c.sq + i) * c.h + hh) * c.d;
-                    assert!(of[at..at + c.d].iter().all(|&v| v == 0.0), "o of a fully masked row {tag}");
-                    assert!(f(&dq[at..at + c.d]).iter().all(|&v| v == 0.0), "dq of a fully masked row {tag}");
-                }
-            }
-        }
-    }
+    check_fully_masked_rows(c, &want, &of, &f(&dq), &tag);
 }
 
 /// Small (the model is slow) shapes at the tiling's edges: Sq/Sk not multiples of 16/64, D from
