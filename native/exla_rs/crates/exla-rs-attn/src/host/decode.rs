@@ -6,10 +6,10 @@
 //! Here the cache is read once, in place and in its own type:
 //! - A task is (batch, chunk of keys) (flash-decoding's split over the keys, so a batch of one
 //!   still fills every core), every kv head and the `R = g·Sq` query rows that read each.
-//! - Per sub-block of keys (up to [`SUB`]) it widens the K and V rows of every kv head (one contiguous run
-//!   of the cache, read in order: the hardware prefetchers stream it; a task per kv head would
-//!   read rows `Hkv·D` elements apart, a new 4 KiB page each, and measured 4-7 GB/s here) into
-//!   L2-resident f32 scratch; per kv head it computes the scores with [`Isa::dots`] (each key
+//! - Per sub-block of keys (up to [`SUB`]) it widens the K and V rows of every kv head (one
+//!   contiguous run of the cache, read in order: the hardware prefetchers stream it; a task per
+//!   kv head reads rows `Hkv·D` elements apart, a new 4 KiB page each: this path's first
+//!   version did, at 4-7 GB/s here) into L2-resident f32 scratch; per kv head it computes the scores with [`Isa::dots`] (each key
 //!   row loaded once for all the head's query rows; Q pre-scaled by `scale·log2(e)`), runs the
 //!   online-softmax row kernel on each row, and adds `P·V` into the task's f32 rows (GEMM).
 //! - A second pass merges each row's chunks: `m = max m_c`, `l = Σ l_c·2^(m_c - m)`,
@@ -35,10 +35,14 @@ const MIN_CHUNK: usize = 256;
 
 /// Widens consecutive cache rows of `d` elements into rows of `dp` f32 (padding untouched, so 0).
 fn widen_rows<T: HostElement, K: Isa>(src: &[T], dst: &mut [f32], d: usize, dp: usize) {
-    let one = |s: &[T], o: &mut [f32]| match T::TYPE {
-        // SAFETY: f16/bf16 are 16-bit `repr(transparent)` floats; o holds s.len() values.
-        ElementType::F16 | ElementType::BF16 => unsafe { K::widen16(s.as_ptr() as *const u16, T::TYPE == ElementType::F16, o.as_mut_ptr(), s.len()) },
-        ElementType::F32 => T::widen(s, o),
+    let one = |s: &[T], o: &mut [f32]| {
+        debug_assert!(o.len() >= s.len());
+        match T::TYPE {
+            // SAFETY: f16/bf16 are 16-bit `repr(transparent)` floats; o holds s.len() values.
+            ElementType::F16 | ElementType::BF16 => unsafe { K::widen16(s.as_ptr() as *const u16, T::TYPE == ElementType::F16, o.as_mut_ptr(), s.len()) },
+            // SAFETY: T is f32 when its TYPE says so; o holds s.len() values and is another buffer.
+            ElementType::F32 => unsafe { std::ptr::copy_nonoverlapping(s.as_ptr() as *const f32, o.as_mut_ptr(), s.len()) },
+        }
     };
     if d == dp {
         one(src, &mut dst[..src.len()]);
