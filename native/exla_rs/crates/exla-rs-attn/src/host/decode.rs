@@ -9,9 +9,10 @@
 //! - Per sub-block of keys (up to [`SUB`]) it widens the K and V rows of every kv head (one
 //!   contiguous run of the cache, read in order: the hardware prefetchers stream it; a task per
 //!   kv head reads rows `Hkv·D` elements apart, a new 4 KiB page each: this path's first
-//!   version did, at 4-7 GB/s here) into L2-resident f32 scratch; per kv head it computes the scores with [`Isa::dots`] (each key
-//!   row loaded once for all the head's query rows; Q pre-scaled by `scale·log2(e)`), runs the
-//!   online-softmax row kernel on each row, and adds `P·V` into the task's f32 rows (GEMM).
+//!   version did, at 4-7 GB/s here) into L2-resident f32 scratch; per kv head it computes the
+//!   scores with [`Isa::dots`] (each key row loaded once for all the head's query rows; Q
+//!   pre-scaled by `scale·log2(e)`), runs the online-softmax row kernel on each row, and adds
+//!   `P·V` into the task's f32 rows (GEMM).
 //! - A second pass merges each row's chunks: `m = max m_c`, `l = Σ l_c·2^(m_c - m)`,
 //!   `o = Σ o_c·2^(m_c - m) / l`, `lse = (m + log2 l)·ln 2`. A row that sees no key anywhere gets
 //!   `o = 0`, `lse = -inf` (the contract's fully-masked row).
