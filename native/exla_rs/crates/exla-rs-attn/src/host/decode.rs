@@ -22,7 +22,7 @@
 use rayon::prelude::*;
 
 use super::kernels::{Gemm, Isa, Prefetch, RowExtra, LOG2_E, NO_EXT, PAD};
-use super::{finish_row, round_up, FwdInputs, FwdOutputs, HostElement, SyncPtr};
+use super::{finish_row, online_update, round_up, FwdInputs, FwdOutputs, HostElement, SyncPtr};
 use crate::{AttnOptions, AttnShape, ElementType, KeyRange};
 
 /// Calls with at most this many query rows per sequence take the decode path.
@@ -165,38 +165,27 @@ pub(super) fn run<T: HostElement, K: Isa>(shape: &AttnShape, opts: &AttnOptions,
                             srow.fill(0.0);
                             continue;
                         }
-                        let (m_old, l_old) = ml[row];
+                        let (m_old, l_old) = &mut ml[row];
                         // SAFETY: srow has nw ≥ e elements, a < e; mask_add has SUB ≥ nw.
                         let (m_new, sum) = unsafe {
                             if key_mask.is_some() {
-                                K::fwd_row_ext(srow.as_mut_ptr(), nw, a, e, opts.softcap, m_old, RowExtra { add: scr.mask_add.as_ptr(), ..NO_EXT })
+                                K::fwd_row_ext(srow.as_mut_ptr(), nw, a, e, opts.softcap, *m_old, RowExtra { add: scr.mask_add.as_ptr(), ..NO_EXT })
                             } else {
-                                K::fwd_row(srow.as_mut_ptr(), nw, a, e, opts.softcap, m_old)
+                                K::fwd_row(srow.as_mut_ptr(), nw, a, e, opts.softcap, *m_old)
                             }
                         };
                         if m_new == f32::NEG_INFINITY {
                             // Every key this row has seen so far is masked: srow is zeros.
                             continue;
                         }
-                        let alpha = (m_old - m_new).exp2();
-                        if alpha != 1.0 {
-                            for x in &mut o[row * dp..(row + 1) * dp] {
-                                *x *= alpha;
-                            }
-                        }
-                        ml[row] = (m_new, l_old * alpha + sum);
+                        online_update(&mut o[row * dp..(row + 1) * dp], m_old, l_old, m_new, sum);
                     }
                     // 0·inf = NaN: where a row sees only part of the block and this head's V holds
                     // an inf or NaN there, each row multiplies only its own keys (as the prefill
                     // forward does).
                     let v_bad = partial && (clo..chi).any(|jj| scr.vf[(jj * hkv + kvh) * dp..(jj * hkv + kvh) * dp + d].iter().any(|x| !x.is_finite()));
-                    let per_row: Vec<(usize, usize, usize)> = if v_bad {
-                        spans.iter().enumerate().filter(|(_, (a, e))| a < e).map(|(row, &(a, e))| (row, a, e)).collect()
-                    } else {
-                        vec![(usize::MAX, clo, chi)]
-                    };
-                    for (row, a, e) in per_row {
-                        let (m, row0) = if row == usize::MAX { (r, 0) } else { (1, row) };
+                    // `m` rows from `row0`, keys a..e of the sub-block.
+                    let mut add_pv = |m: usize, row0: usize, a: usize, e: usize| {
                         // SAFETY: s is r×SUB (columns a..e < SUB); vf rows a..e of Hkv·dp columns
                         // (this head's at kvh·dp); o is r×dp.
                         unsafe {
@@ -215,6 +204,13 @@ pub(super) fn run<T: HostElement, K: Isa>(shape: &AttnShape, opts: &AttnOptions,
                                 pf: Prefetch::NONE,
                             });
                         }
+                    };
+                    if v_bad {
+                        for (row, &(a, e)) in spans.iter().enumerate().filter(|(_, (a, e))| a < e) {
+                            add_pv(1, row, a, e);
+                        }
+                    } else {
+                        add_pv(r, 0, clo, chi);
                     }
                 }
                 j0 += n;

@@ -13,7 +13,7 @@ use rayon::prelude::*;
 use super::dropout::{keep_tile_fn, KeepTileFn, MUL, NO_DROPOUT};
 use super::extra::{BiasPanel, PanelSpan, Prep, PANEL_TILES};
 use super::kernels::{Gemm, Isa, Prefetch, RowExtra, LOG2_E, PAD};
-use super::{finish_row, round_up, FwdInputs, FwdOutputs, HostElement, SyncPtr};
+use super::{finish_row, online_update, round_up, FwdInputs, FwdOutputs, HostElement, SyncPtr};
 use crate::philox::Dropout;
 use crate::{AttnOptions, AttnShape, Extras, KeyRange};
 
@@ -288,14 +288,7 @@ fn step<K: Isa, const EXT: bool, const DROP: bool>(scr: &mut Scratch, opts: &Att
             // SAFETY: srow has BC elements, a < b ≤ BC.
             unsafe { K::fwd_row(srow.as_mut_ptr(), BC, a, b, opts.softcap, scr.m[r]) }
         };
-        let alpha = (scr.m[r] - m_new).exp2();
-        if alpha != 1.0 {
-            for x in &mut scr.o[r * dp..(r + 1) * dp] {
-                *x *= alpha;
-            }
-        }
-        scr.l[r] = scr.l[r] * alpha + sum;
-        scr.m[r] = m_new;
+        online_update(&mut scr.o[r * dp..(r + 1) * dp], &mut scr.m[r], &mut scr.l[r], m_new, sum);
         if DROP {
             // Only the row's visible keys a..b (widened to whole quads) carry weight; the rest of
             // srow is 0 and stays 0.

@@ -334,8 +334,10 @@ macro_rules! isa_kernels {
                         i += L;
                     }
                 }
+                // The tail one element at a time, by the scalar family's own conversions.
+                use crate::host::simd::scalar::{load_bf16, load_f16};
                 for i in i..n {
-                    *dst.add(i) = if f16 { half::f16::from_bits(*src.add(i)).to_f32() } else { f32::from_bits(u32::from(*src.add(i)) << 16) };
+                    *dst.add(i) = if f16 { load_f16(src.add(i)) } else { load_bf16(src.add(i)) };
                 }
             }
 

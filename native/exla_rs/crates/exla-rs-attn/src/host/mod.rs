@@ -19,6 +19,29 @@
 //! Scratch is allocated here (O(B·H·S·D) + O(B·Sk), plus an f32 copy of `dbias` when it is
 //! f16/bf16; never S×S beyond what the bias itself holds), so [`workspace_bytes`] is 0.
 
+/// Evaluates `$body` with `$K` naming the kernel family `$which` ([`Which`]) stands for: the one
+/// place a run-time family choice becomes a compile-time `Isa` type.
+macro_rules! with_isa {
+    ($which:expr, $K:ident => $body:expr) => {
+        match $which {
+            #[cfg(target_arch = "x86_64")]
+            Which::Avx512 => {
+                type $K = kernels::avx512::Kernels;
+                $body
+            }
+            #[cfg(target_arch = "x86_64")]
+            Which::Avx2 => {
+                type $K = kernels::avx2::Kernels;
+                $body
+            }
+            Which::Scalar => {
+                type $K = kernels::scalar::Kernels;
+                $body
+            }
+        }
+    };
+}
+
 mod backward;
 mod dbias;
 mod decode;
@@ -121,13 +144,7 @@ pub(crate) fn forward_on<T: HostElement>(
     check_len("o", out.o.len(), ql)?;
     check_len("lse", out.lse.len(), ll)?;
     if decode::takes(shape, ex) {
-        match which {
-            #[cfg(target_arch = "x86_64")]
-            Which::Avx512 => decode::run::<T, kernels::avx512::Kernels>(shape, opts, inp, ex.key_mask, out),
-            #[cfg(target_arch = "x86_64")]
-            Which::Avx2 => decode::run::<T, kernels::avx2::Kernels>(shape, opts, inp, ex.key_mask, out),
-            Which::Scalar => decode::run::<T, kernels::scalar::Kernels>(shape, opts, inp, ex.key_mask, out),
-        }
+        with_isa!(which, K => decode::run::<T, K>(shape, opts, inp, ex.key_mask, out));
         return Ok(());
     }
     // bf16 (f16 on AMX-FP16) without extras: on the CPU's dot-product unit when it has one.
@@ -135,13 +152,7 @@ pub(crate) fn forward_on<T: HostElement>(
         lowp::forward(unit, which, shape, opts, inp, out);
         return Ok(());
     }
-    match which {
-        #[cfg(target_arch = "x86_64")]
-        Which::Avx512 => forward::run::<T, kernels::avx512::Kernels>(shape, opts, inp, out, ex),
-        #[cfg(target_arch = "x86_64")]
-        Which::Avx2 => forward::run::<T, kernels::avx2::Kernels>(shape, opts, inp, out, ex),
-        Which::Scalar => forward::run::<T, kernels::scalar::Kernels>(shape, opts, inp, out, ex),
-    }
+    with_isa!(which, K => forward::run::<T, K>(shape, opts, inp, out, ex));
     Ok(())
 }
 
@@ -208,13 +219,7 @@ pub(crate) fn backward_on<T: HostElement>(
         lowp::backward(unit, which, shape, opts, inp, out);
         return Ok(());
     }
-    match which {
-        #[cfg(target_arch = "x86_64")]
-        Which::Avx512 => backward::run::<T, kernels::avx512::Kernels>(shape, opts, inp, out, ex, dbias),
-        #[cfg(target_arch = "x86_64")]
-        Which::Avx2 => backward::run::<T, kernels::avx2::Kernels>(shape, opts, inp, out, ex, dbias),
-        Which::Scalar => backward::run::<T, kernels::scalar::Kernels>(shape, opts, inp, out, ex, dbias),
-    }
+    with_isa!(which, K => backward::run::<T, K>(shape, opts, inp, out, ex, dbias));
     Ok(())
 }
 
@@ -312,6 +317,19 @@ impl<T> SyncPtr<T> {
     pub(crate) fn get(&self) -> *mut T {
         self.0
     }
+}
+
+/// The online-softmax update of one row after a key tile: its running output `o` and sum `l`
+/// scaled by `2^(m - m_new)`, the tile's `sum` added, `m` set to `m_new` (exp2 units).
+pub(crate) fn online_update(o: &mut [f32], m: &mut f32, l: &mut f32, m_new: f32, sum: f32) {
+    let alpha = (*m - m_new).exp2();
+    if alpha != 1.0 {
+        for x in o.iter_mut() {
+            *x *= alpha;
+        }
+    }
+    *l = *l * alpha + sum;
+    *m = m_new;
 }
 
 /// Writes one finished query row: `o = acc / l` in `T` and `lse = (m + log2 l)·ln 2` (`m`, `l` in

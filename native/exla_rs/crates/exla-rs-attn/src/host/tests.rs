@@ -789,13 +789,7 @@ fn exp2_ulps<K: super::kernels::Isa>() -> f64 {
 #[test]
 fn exp2_is_accurate_on_every_isa() {
     for which in available() {
-        let ulps = match which {
-            #[cfg(target_arch = "x86_64")]
-            Which::Avx512 => exp2_ulps::<super::kernels::avx512::Kernels>(),
-            #[cfg(target_arch = "x86_64")]
-            Which::Avx2 => exp2_ulps::<super::kernels::avx2::Kernels>(),
-            Which::Scalar => exp2_ulps::<super::kernels::scalar::Kernels>(),
-        };
+        let ulps = with_isa!(which, K => exp2_ulps::<K>());
         println!("{which:?}: exp2 max error {ulps:.2} ulp");
         assert!(ulps < 3.0, "{which:?}: exp2 error {ulps} ulp");
     }

@@ -28,7 +28,7 @@ use super::super::{BwdInputs, BwdOutputs, HostElement, SyncPtr};
 use super::forward::BR;
 use super::pack::{self, padded_dim, BC};
 use super::tile::{TILE_K, TILE_M, TILE_N};
-use super::unit::{TileGemm, TileUnit, UnitScope};
+use super::unit::{blocks, TileUnit, UnitScope};
 use crate::{AttnOptions, AttnShape, KeyRange};
 
 // Query blocks reuse the key-tile packers and tile loops.
@@ -200,20 +200,6 @@ pub(crate) fn run<T: HostElement, U: TileUnit, K: Isa>(shape: &AttnShape, opts: 
             }
         }
     });
-}
-
-/// `C (+)= A·B` over whole 16×16 blocks: `mg` row groups of A/C, `np` column panels of B/C.
-/// A row-major (`lda`), B panels `panel` elements apart, C row-major (`ldc`).
-///
-/// # Safety
-/// The extents (16·mg rows of A and C, np panels of B, kblocks steps) lie inside the buffers.
-#[allow(clippy::too_many_arguments)]
-unsafe fn blocks<U: TileUnit>(a: *const u16, lda: usize, b: *const u16, panel: usize, c: *mut f32, ldc: usize, mg: usize, np: usize, kblocks: usize, accumulate: bool) {
-    for grp in 0..mg {
-        for p in 0..np {
-            U::gemm(&TileGemm { a: a.add(grp * TILE_M * lda), lda, b: b.add(p * panel), c: c.add(grp * TILE_M * ldc + p * TILE_N), ldc, kblocks, accumulate });
-        }
-    }
 }
 
 /// One key tile against one query block: the five products. Adds to the tile's dK/dV, leaves

@@ -16,10 +16,10 @@ use rayon::prelude::*;
 
 use super::super::kernels::{Isa, LOG2_E};
 use super::super::forward::{finished_without_keys, QueryBlock};
-use super::super::{finish_row, FwdInputs, FwdOutputs, HostElement, SyncPtr};
+use super::super::{finish_row, online_update, FwdInputs, FwdOutputs, HostElement, SyncPtr};
 use super::pack::{self, padded_dim, BC};
 use super::tile::{TILE_K, TILE_M, TILE_N};
-use super::unit::{TileGemm, TileUnit, UnitScope};
+use super::unit::{blocks, TileUnit, UnitScope};
 use crate::{AttnOptions, AttnShape, KeyRange};
 
 /// Query rows per task (a multiple of [`TILE_M`]).
@@ -123,23 +123,9 @@ fn step<U: TileUnit, K: Isa>(scr: &mut Scratch, opts: &AttnOptions, rows: usize,
     let groups = rows.div_ceil(TILE_M);
     let kt = &kv.kt[tile * BC * dp..(tile + 1) * BC * dp];
     let vt = &kv.vt[tile * BC * dp..(tile + 1) * BC * dp];
-    for grp in 0..groups {
-        for p in 0..BC / TILE_N {
-            // SAFETY: qa rows grp·16.. of dp elements (dp/32 steps), kt panel p of dp/2
-            // pair-rows, s rows grp·16.. of BC f32 from column 16p: all inside the buffers.
-            unsafe {
-                U::gemm(&TileGemm {
-                    a: scr.qa.as_ptr().add(grp * TILE_M * dp),
-                    lda: dp,
-                    b: kt.as_ptr().add(p * dp * TILE_N),
-                    c: scr.s.as_mut_ptr().add(grp * TILE_M * BC + p * TILE_N),
-                    ldc: BC,
-                    kblocks: dp / TILE_K,
-                    accumulate: false,
-                });
-            }
-        }
-    }
+    // SAFETY: qa holds `groups` 16-row groups of dp elements (dp/32 steps), kt BC/16 panels of
+    // dp/2 pair-rows, s the groups' rows of BC f32: all inside the buffers.
+    unsafe { blocks::<U>(scr.qa.as_ptr(), dp, kt.as_ptr(), dp * TILE_N, scr.s.as_mut_ptr(), BC, groups, BC / TILE_N, dp / TILE_K, false) };
     // Scores in exp2 units, as the row kernels take them.
     let qscale = opts.scale * LOG2_E;
     let mut any = false;
@@ -159,14 +145,7 @@ fn step<U: TileUnit, K: Isa>(scr: &mut Scratch, opts: &AttnOptions, rows: usize,
         }
         // SAFETY: srow has BC elements, a < b ≤ BC.
         let (m_new, sum) = unsafe { K::fwd_row(srow.as_mut_ptr(), BC, a, b, opts.softcap, scr.m[r]) };
-        let alpha = (scr.m[r] - m_new).exp2();
-        if alpha != 1.0 {
-            for x in &mut scr.o[r * dp..(r + 1) * dp] {
-                *x *= alpha;
-            }
-        }
-        scr.l[r] = scr.l[r] * alpha + sum;
-        scr.m[r] = m_new;
+        online_update(&mut scr.o[r * dp..(r + 1) * dp], &mut scr.m[r], &mut scr.l[r], m_new, sum);
         for (pb, &p) in prow.iter_mut().zip(srow.iter()) {
             *pb = pack::bits(elem, p);
         }
@@ -191,21 +170,7 @@ fn step<U: TileUnit, K: Isa>(scr: &mut Scratch, opts: &AttnOptions, rows: usize,
         }
         return;
     }
-    for grp in 0..groups {
-        for p in 0..dp / TILE_N {
-            // SAFETY: pa rows grp·16.. of BC elements (BC/32 steps), vt panel p of BC/2
-            // pair-rows, o rows grp·16.. of dp f32 from column 16p: all inside the buffers.
-            unsafe {
-                U::gemm(&TileGemm {
-                    a: scr.pa.as_ptr().add(grp * TILE_M * BC),
-                    lda: BC,
-                    b: vt.as_ptr().add(p * BC * TILE_N),
-                    c: scr.o.as_mut_ptr().add(grp * TILE_M * dp + p * TILE_N),
-                    ldc: dp,
-                    kblocks: BC / TILE_K,
-                    accumulate: true,
-                });
-            }
-        }
-    }
+    // SAFETY: pa holds `groups` 16-row groups of BC elements (BC/32 steps), vt dp/16 panels of
+    // BC/2 pair-rows, o the groups' rows of dp f32: all inside the buffers.
+    unsafe { blocks::<U>(scr.pa.as_ptr(), BC, vt.as_ptr(), BC * TILE_N, scr.o.as_mut_ptr(), dp, groups, dp / TILE_N, BC / TILE_K, true) };
 }

@@ -149,29 +149,48 @@ pub(super) fn offered(which: Which, dtype: ElementType) -> Option<Unit> {
     }
 }
 
+/// Evaluates `$body` with `$U` naming the [`TileUnit`] type `$unit` stands for.
+macro_rules! with_unit {
+    ($unit:expr, $U:ident => $body:expr) => {
+        match $unit {
+            #[cfg(target_arch = "x86_64")]
+            Unit::AmxBf16 => {
+                type $U = amx::Amx<false>;
+                $body
+            }
+            #[cfg(target_arch = "x86_64")]
+            Unit::AmxFp16 => {
+                type $U = amx::Amx<true>;
+                $body
+            }
+            #[cfg(target_arch = "x86_64")]
+            Unit::Avx512Bf16 => {
+                type $U = avx512bf16::Avx512Bf16;
+                $body
+            }
+            Unit::ModelAmxBf16 => {
+                type $U = ModelAmx<false>;
+                $body
+            }
+            Unit::ModelAmxFp16 => {
+                type $U = ModelAmx<true>;
+                $body
+            }
+            Unit::ModelAvx512Bf16 => {
+                type $U = ModelAvx512Bf16;
+                $body
+            }
+        }
+    };
+}
+
 /// The forward on `unit`, with `which`'s row kernels. The caller checked the operands.
 pub(super) fn forward<T: HostElement>(unit: Unit, which: Which, shape: &AttnShape, opts: &AttnOptions, inp: FwdInputs<'_, T>, out: FwdOutputs<'_, T>) {
-    match unit {
-        #[cfg(target_arch = "x86_64")]
-        Unit::AmxBf16 => forward_with::<T, amx::Amx<false>>(which, shape, opts, inp, out),
-        #[cfg(target_arch = "x86_64")]
-        Unit::AmxFp16 => forward_with::<T, amx::Amx<true>>(which, shape, opts, inp, out),
-        #[cfg(target_arch = "x86_64")]
-        Unit::Avx512Bf16 => forward_with::<T, avx512bf16::Avx512Bf16>(which, shape, opts, inp, out),
-        Unit::ModelAmxBf16 => forward_with::<T, ModelAmx<false>>(which, shape, opts, inp, out),
-        Unit::ModelAmxFp16 => forward_with::<T, ModelAmx<true>>(which, shape, opts, inp, out),
-        Unit::ModelAvx512Bf16 => forward_with::<T, ModelAvx512Bf16>(which, shape, opts, inp, out),
-    }
+    with_unit!(unit, U => forward_with::<T, U>(which, shape, opts, inp, out))
 }
 
 fn forward_with<T: HostElement, U: TileUnit>(which: Which, shape: &AttnShape, opts: &AttnOptions, inp: FwdInputs<'_, T>, out: FwdOutputs<'_, T>) {
-    match which {
-        #[cfg(target_arch = "x86_64")]
-        Which::Avx512 => forward::run::<T, U, kernels::avx512::Kernels>(shape, opts, inp, out),
-        #[cfg(target_arch = "x86_64")]
-        Which::Avx2 => forward::run::<T, U, kernels::avx2::Kernels>(shape, opts, inp, out),
-        Which::Scalar => forward::run::<T, U, kernels::scalar::Kernels>(shape, opts, inp, out),
-    }
+    with_isa!(which, K => forward::run::<T, U, K>(shape, opts, inp, out))
 }
 
 /// Whether the lowp backward takes these operands (see `backward::takes`).
@@ -181,25 +200,9 @@ pub(super) fn backward_takes<T: HostElement>(inp: &BwdInputs<'_, T>) -> bool {
 
 /// The backward on `unit`, with `which`'s row kernels. The caller checked the operands.
 pub(super) fn backward<T: HostElement>(unit: Unit, which: Which, shape: &AttnShape, opts: &AttnOptions, inp: BwdInputs<'_, T>, out: BwdOutputs<'_, T>) {
-    match unit {
-        #[cfg(target_arch = "x86_64")]
-        Unit::AmxBf16 => backward_with::<T, amx::Amx<false>>(which, shape, opts, inp, out),
-        #[cfg(target_arch = "x86_64")]
-        Unit::AmxFp16 => backward_with::<T, amx::Amx<true>>(which, shape, opts, inp, out),
-        #[cfg(target_arch = "x86_64")]
-        Unit::Avx512Bf16 => backward_with::<T, avx512bf16::Avx512Bf16>(which, shape, opts, inp, out),
-        Unit::ModelAmxBf16 => backward_with::<T, ModelAmx<false>>(which, shape, opts, inp, out),
-        Unit::ModelAmxFp16 => backward_with::<T, ModelAmx<true>>(which, shape, opts, inp, out),
-        Unit::ModelAvx512Bf16 => backward_with::<T, ModelAvx512Bf16>(which, shape, opts, inp, out),
-    }
+    with_unit!(unit, U => backward_with::<T, U>(which, shape, opts, inp, out))
 }
 
 fn backward_with<T: HostElement, U: TileUnit>(which: Which, shape: &AttnShape, opts: &AttnOptions, inp: BwdInputs<'_, T>, out: BwdOutputs<'_, T>) {
-    match which {
-        #[cfg(target_arch = "x86_64")]
-        Which::Avx512 => backward::run::<T, U, kernels::avx512::Kernels>(shape, opts, inp, out),
-        #[cfg(target_arch = "x86_64")]
-        Which::Avx2 => backward::run::<T, U, kernels::avx2::Kernels>(shape, opts, inp, out),
-        Which::Scalar => backward::run::<T, U, kernels::scalar::Kernels>(shape, opts, inp, out),
-    }
+    with_isa!(which, K => backward::run::<T, U, K>(shape, opts, inp, out))
 }

@@ -63,6 +63,20 @@ impl<U: TileUnit> Drop for UnitScope<U> {
     }
 }
 
+/// `C (+)= A·B` over whole 16×16 blocks: `mg` row groups of A/C, `np` column panels of B/C.
+/// A row-major (`lda`), B panels `panel` elements apart, C row-major (`ldc`).
+///
+/// # Safety
+/// The extents (16·mg rows of A and C, np panels of B, kblocks steps) lie inside the buffers.
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn blocks<U: TileUnit>(a: *const u16, lda: usize, b: *const u16, panel: usize, c: *mut f32, ldc: usize, mg: usize, np: usize, kblocks: usize, accumulate: bool) {
+    for grp in 0..mg {
+        for p in 0..np {
+            U::gemm(&TileGemm { a: a.add(grp * TILE_M * lda), lda, b: b.add(p * panel), c: c.add(grp * TILE_M * ldc + p * TILE_N), ldc, kblocks, accumulate });
+        }
+    }
+}
+
 /// The AMX unit's model: one [`model::tdp`] per step of 32 elements, as the real unit issues one
 /// `TDPBF16PS`/`TDPFP16PS` per step (`F16` says which).
 pub(crate) struct ModelAmx<const F16: bool>;
