@@ -442,7 +442,7 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--seed", type=int, default=int.from_bytes(os.urandom(4), "little"))
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--sizes", default="1024,2048,4096")
+    ap.add_argument("--sizes", default=None, help="sequence lengths (default 1024,2048,4096; with --torch 512,...,8192)")
     ap.add_argument("--no-write", action="store_true")
     ap.add_argument("--extras", action="store_true", help="key_mask / bias / ALiBi vs kv_len only at S=2048 (own RESULTS.md section)")
     ap.add_argument("--dropout", action="store_true", help="with --extras: dropout 0.1 vs none at S=2048 (own RESULTS.md section)")
@@ -478,7 +478,7 @@ def main() -> None:
     if bad:
         raise SystemExit(f"results disagree beyond 1e-4: {bad}")
 
-    sizes = [1024] if args.quick else [int(x) for x in args.sizes.split(",")]
+    sizes = [1024] if args.quick else [int(x) for x in (args.sizes or "1024,2048,4096").split(",")]
     rows = []
     for s in sizes:
         reps = args.reps if s < 4096 else max(2, args.reps - 2)

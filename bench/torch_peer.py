@@ -172,7 +172,7 @@ def run(args, machine: str, append_section) -> None:
     torch = _torch()
     import jax
 
-    sizes = [int(s) for s in args.sizes.split(",")] if args.sizes != "1024,2048,4096" else [512, 1024, 2048, 4096, 8192]
+    sizes = [int(s) for s in (args.sizes or "512,1024,2048,4096,8192").split(",")]
     dims = [int(d) for d in args.dims.split(",")]
     dtypes = args.dtypes.split(",")
     seed = args.seed
