@@ -5,8 +5,12 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <vector>
+
 #if defined(EXLA_RS_GPUSIM_TSAN)
 #include <sanitizer/tsan_interface.h>
+extern "C" void __tsan_ignore_thread_begin();
+extern "C" void __tsan_ignore_thread_end();
 #endif
 #if defined(EXLA_RS_GPUSIM_ASAN)
 #include <sanitizer/common_interface_defs.h>
@@ -74,19 +78,47 @@ bool fiber_map(Fiber& f, size_t bytes) {
 void fiber_unmap(Fiber& f) {
   if (f.stack) munmap(f.stack, f.mapped);
   f.stack = nullptr;
-#if defined(EXLA_RS_GPUSIM_TSAN)
-  if (f.tsan) __tsan_destroy_fiber(f.tsan);
-  f.tsan = nullptr;
-#endif
 }
+
+#if defined(EXLA_RS_GPUSIM_TSAN)
+// Bytes at the top of f's stack that code touched since they were mapped: a stack grows down, so
+// the lowest resident page bounds them (mincore; a page that was only read counts too), or all of
+// it when mincore cannot tell.
+static size_t touched_bytes(const Fiber& f) {
+  const size_t pg = page_size(), pages = f.usable / pg;
+  static thread_local std::vector<unsigned char> resident;
+  resident.resize(pages);
+  if (mincore(static_cast<char*>(f.stack) + pg, f.usable, resident.data()) != 0) return f.usable;
+  for (size_t i = 0; i < pages; ++i)
+    if (resident[i] & 1) return (pages - i) * pg;
+  return 0;
+}
+
+// Fresh pages where the previous block's thread ran, so that ThreadSanitizer does not take its
+// stack variables for the next thread's accesses: a mapping made while the scheduler ignores
+// memory accesses clears the sanitizer's record of the range (its mmap interceptor resets the
+// shadow instead of recording a write, which the next block's thread, made before it, would race
+// with). Only the touched top of the stack, mapped again in place: the kernels' frames are a few
+// KiB of the 128.
+static void fresh_stack_pages(Fiber& f) {
+  const size_t used = touched_bytes(f);
+  if (used == 0) return;
+  char* lo = static_cast<char*>(f.stack) + f.mapped - used;
+  __tsan_ignore_thread_begin();
+  if (mmap(lo, used, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0) != lo) {
+    const size_t usable = f.usable;
+    void* tsan = f.tsan;
+    fiber_unmap(f);
+    fiber_map(f, usable);
+    f.tsan = tsan;
+  }
+  __tsan_ignore_thread_end();
+}
+#endif
 
 void fiber_reset(Fiber& f, void (*entry)()) {
 #if defined(EXLA_RS_GPUSIM_TSAN)
-  // A fresh mapping: ThreadSanitizer clears its shadow of unmapped memory, so the stack variables
-  // of the previous block's thread on this stack are not taken for another thread's accesses.
-  const size_t usable = f.usable;
-  fiber_unmap(f);
-  fiber_map(f, usable);
+  fresh_stack_pages(f);
 #endif
   // Frame popped by the first switch into the fiber, from low to high addresses:
   // [mxcsr, fcw][r15 r14 r13 r12 rbx rbp][return address = entry][0: entry's own "return address"]
@@ -103,12 +135,6 @@ void fiber_reset(Fiber& f, void (*entry)()) {
   --sp;
   memcpy(sp, ctl, 8);
   f.sp = sp;
-#if defined(EXLA_RS_GPUSIM_TSAN)
-  // A fresh ThreadSanitizer thread per run: nothing a previous block did on this stack happens
-  // before this one (blocks of a grid are unordered on a GPU).
-  if (f.tsan) __tsan_destroy_fiber(f.tsan);
-  f.tsan = __tsan_create_fiber(0);
-#endif
 }
 
 void fiber_init_main(Fiber& main_fiber) {

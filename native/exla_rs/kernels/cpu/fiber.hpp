@@ -14,13 +14,15 @@ struct Fiber {
   void* stack = nullptr;   // mapping: guard page + stack
   size_t mapped = 0;
   size_t usable = 0;
-  void* tsan = nullptr;    // ThreadSanitizer's fiber handle (TSan builds)
+  void* tsan = nullptr;    // ThreadSanitizer's fiber handle (TSan builds; the executor owns it)
   const void* asan_bottom = nullptr;
   size_t asan_size = 0;
 };
 
 // Maps a stack of `bytes` (plus a guard page below it) once; reset() prepares a fresh start at
-// `entry` (a function that never returns) on it, reusing the mapping.
+// `entry` (a function that never returns) on it, reusing the mapping (under ThreadSanitizer the
+// pages the last run touched are mapped anew, the sanitizer's record of them cleared). The
+// fiber's ThreadSanitizer thread, `tsan`, is the caller's to create, set and destroy.
 bool fiber_map(Fiber& f, size_t bytes);
 void fiber_unmap(Fiber& f);
 void fiber_reset(Fiber& f, void (*entry)());

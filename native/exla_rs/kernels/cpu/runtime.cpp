@@ -7,9 +7,14 @@
 //
 // Happens-before for ThreadSanitizer comes only from what orders memory on a GPU: CTA barriers
 // (bar.sync / bar.arrive / __syncthreads), __syncwarp, mbarrier phases, the async units' issue and
-// completion, and the launch boundaries. Blocks get fresh ThreadSanitizer threads and are not
-// ordered with each other, so two blocks touching the same global word without atomics race,
-// as they would on a GPU, even though they run one after the other here.
+// completion, and the launch boundaries. Blocks are not ordered with each other, so two blocks
+// touching the same global word without atomics race, as they would on a GPU, even though they
+// run one after the other here: a block's threads are ThreadSanitizer threads of their own, from
+// kTsanSets sets that live for the whole launch (block n takes set n mod kTsanSets), and its
+// barriers, warps and mbarriers are fresh sync objects. Only blocks whose indices differ by a
+// multiple of kTsanSets share threads, and so are ordered (a fresh sanitizer thread per block
+// cost most of the tsan harness's time, and the sanitizer reused the ids of destroyed ones,
+// which ordered every block after the last: executor_test --block_race).
 #include "runtime.hpp"
 
 #include <stdarg.h>
@@ -63,8 +68,8 @@ struct CoreScope {
 };
 
 // Per CUDA thread. The kernels' frames are a few KiB (registers on a GPU); AddressSanitizer's
-// redzones grow them. Under ThreadSanitizer every block remaps its stacks (fiber_reset) so the
-// sanitizer forgets the previous block's stack accesses, and that costs in proportion to the size.
+// redzones grow them. Under ThreadSanitizer every block maps the stack pages the last one touched
+// anew (fiber_reset), so the sanitizer forgets the previous block's stack accesses.
 constexpr size_t kStackBytes =
 #if defined(EXLA_RS_GPUSIM_ASAN)
     1 << 20;
@@ -164,6 +169,11 @@ struct CpBank {
   unsigned have = 0;
 };
 
+// Sets of ThreadSanitizer threads per launch (see the top): 4, fewer for big blocks so that a launch
+// keeps at most 2048 sanitizer threads alive, never fewer than 2 (neighbouring blocks unordered).
+constexpr unsigned kTsanSets = 4;
+unsigned tsan_sets(unsigned nthreads) { return std::max(2u, std::min(kTsanSets, 2048u / nthreads)); }
+
 struct Launch {
   const KernelEntry* kernel = nullptr;
   void** args = nullptr;
@@ -173,7 +183,7 @@ struct Launch {
   size_t smem_bytes = 0;
   std::vector<ThreadState> threads;
   std::vector<Group> warps, warpgroups;
-  CtaBarrier barriers[16];
+  std::vector<CtaBarrier> barriers = std::vector<CtaBarrier>(16);
   std::unordered_map<uint32_t, Mbar> mbars;
   std::deque<AsyncCopy> copies;
   std::vector<WarpgroupAsync> wg_async;
@@ -183,6 +193,7 @@ struct Launch {
   std::string error;
   bool failed = false;
   char start_sync = 0, end_sync = 0;
+  std::vector<void*> tsan_threads;  // tsan_sets(nthreads) sets of nthreads, made on first use
 };
 
 Launch* g = nullptr;  // the launch in progress (one at a time: g_mutex)
@@ -415,6 +426,12 @@ size_t deliver_copies(uint32_t bar) {
   return n;
 }
 
+// `v` with as many default elements in a new allocation; the old one is freed.
+template <class T>
+void fresh(std::vector<T>& v) {
+  std::vector<T>(v.size()).swap(v);
+}
+
 void run_block() {
   Launch& L = *g;
   // Fresh, poisoned shared memory for every block: a new allocation (the sanitizers forget the
@@ -431,27 +448,45 @@ void run_block() {
 #endif
   L.smem = nullptr;
   if (L.smem_bytes) {
-    void* sm = nullptr;
-    if (posix_memalign(&sm, 1024, L.smem_bytes) != 0) throw std::runtime_error("out of memory for shared memory");
-    L.smem = static_cast<unsigned char*>(sm);
 #if defined(EXLA_RS_GPUSIM_TSAN)
-    __tsan_ignore_thread_begin();  // the executor's poison is not a thread's store
+    // The allocation and the executor's poison are no thread's stores (an allocation made while
+    // ignoring clears the sanitizer's record of the range instead: this block's threads may have
+    // been made before it).
+    __tsan_ignore_thread_begin();
 #endif
-    memset(L.smem, 0xff, L.smem_bytes);
+    void* sm = nullptr;
+    const bool ok = posix_memalign(&sm, 1024, L.smem_bytes) == 0;
+    if (ok) memset(sm, 0xff, L.smem_bytes);
 #if defined(EXLA_RS_GPUSIM_TSAN)
     __tsan_ignore_thread_end();
 #endif
+    if (!ok) throw std::runtime_error("out of memory for shared memory");
+    L.smem = static_cast<unsigned char*>(sm);
   }
-  for (auto& w : L.warps) w = Group{};
-  for (auto& w : L.warpgroups) w = Group{};
-  for (auto& b : L.barriers) b = CtaBarrier{};
+  // The block's rendezvous state in fresh allocations, not reset in place: ThreadSanitizer keys
+  // its sync objects by address and drops those inside a heap block when it is freed, so this
+  // block never acquires what the last one released into a reused barrier or warp (that ordered
+  // every block after the one before it and hid races between blocks: executor_test
+  // --block_race).
+#if defined(EXLA_RS_GPUSIM_TSAN)
+  __tsan_ignore_thread_begin();  // freeing the executor's own state is no thread's store
+#endif
+  fresh(L.warps);
+  fresh(L.warpgroups);
+  fresh(L.barriers);
   L.mbars.clear();
   L.copies.clear();
-  for (auto& a : L.wg_async) {
-    a.open.clear();
-    a.groups.clear();
-  }
+  fresh(L.wg_async);
+#if defined(EXLA_RS_GPUSIM_TSAN)
+  __tsan_ignore_thread_end();
+#endif
   for (auto& m : L.cp_bank) m.clear();
+#if defined(EXLA_RS_GPUSIM_TSAN)
+  const unsigned sets = tsan_sets(L.nthreads);
+  const uint64_t block_no = L.bidx.x + (uint64_t)L.grid.x * (L.bidx.y + (uint64_t)L.grid.y * L.bidx.z);
+  const unsigned set = (unsigned)(block_no % sets);
+  L.tsan_threads.resize((size_t)sets * L.nthreads, nullptr);
+#endif
   for (unsigned i = 0; i < L.nthreads; ++i) {
     ThreadState& t = L.threads[i];
     t.tid = i;
@@ -464,6 +499,11 @@ void run_block() {
     t.cp_open.clear();
     t.cp_groups.clear();
     t.cp_seq = 0;
+#if defined(EXLA_RS_GPUSIM_TSAN)
+    void*& thread = L.tsan_threads[set * L.nthreads + i];
+    if (!thread) thread = tsan_context_create();
+    t.fiber.tsan = thread;
+#endif
     fiber_reset(t.fiber, fiber_main);
   }
   for (;;) {
@@ -1009,7 +1049,10 @@ extern "C" int exla_rs_gpusim_launch(const char* kernel, const uint32_t grid[3],
   // destroying such a fiber aborts the process: keep them (and their stacks) for the process's
   // life; the report has already been written.
   if (L.failed)
-    for (auto& t : L.threads) t.fiber.stack = nullptr, t.fiber.tsan = nullptr;
+    for (auto& t : L.threads) t.fiber.stack = nullptr;
+  else
+    for (void* thread : L.tsan_threads)
+      if (thread) tsan_context_destroy(thread);
 #endif
   for (auto& t : L.threads) fiber_unmap(t.fiber);
   free(L.smem);

@@ -3,7 +3,8 @@
 // tables) and the executor's checks on small kernels written here (divergent collectives, a mask
 // that excludes its lane, deadlocks on a CTA barrier and on an mbarrier, cp.async data that lands
 // only at its wait, __trap). With an argument it runs one kernel that a sanitizer must catch:
-// `--race` (two threads write one shared word unordered: ThreadSanitizer), `--oob` (a store one
+// `--race` (two threads write one shared word unordered: ThreadSanitizer), `--block_race` (two
+// blocks write one global word: ThreadSanitizer, however each block orders itself), `--oob` (a store one
 // byte past the dynamic shared memory: AddressSanitizer); run_executor_test.sh checks they fail.
 #include <immintrin.h>
 #include <stdio.h>
@@ -159,6 +160,21 @@ extern "C" void test_ordered(const Empty) {
 }
 EXLA_RS_KERNEL_ENTRY(test_ordered)
 
+// Blocks of a grid are unordered: block 0's store before its barrier and block 1's after its own
+// race, however each block orders its threads (the executor reuses one barrier, and in a pool of
+// ThreadSanitizer threads the same ones, for every block: none of that may order the blocks).
+// `--block_race` must be caught; `--block_ordered` (the second store in block 0) must not.
+struct RaceArgs {
+  int* word;
+  unsigned block, thread;  // who stores after the barrier
+};
+extern "C" void test_block_race(const RaceArgs p) {
+  if (blockIdx.x == 0 && threadIdx.x == 0) p.word[0] = 1;
+  __syncthreads();
+  if (blockIdx.x == p.block && threadIdx.x == p.thread) p.word[0] = 2;
+}
+EXLA_RS_KERNEL_ENTRY(test_block_race)
+
 extern "C" void test_oob(const Empty) {
   EXLA_RS_DYNAMIC_SMEM(smem, 128);
   if (threadIdx.x == 0) smem[64] = 1;  // the launch asks for 64 bytes
@@ -209,7 +225,8 @@ namespace exla_rs_gpusim {
 #define ROW(n) {#n, n##_gpusim_entry}
 static const KernelEntry kTests[] = {ROW(test_mma),          ROW(test_vote),         ROW(test_divergent), ROW(test_mask),
                                      ROW(test_barrier_deadlock), ROW(test_mbar_deadlock), ROW(test_cp_async),  ROW(test_trap),
-                                     ROW(test_race),         ROW(test_ordered),      ROW(test_oob),       ROW(test_two_copies)};
+                                     ROW(test_race),         ROW(test_ordered),      ROW(test_oob),       ROW(test_two_copies),
+                                     ROW(test_block_race)};
 const KernelEntry* find_kernel(const char* name) {
   for (const auto& k : kTests)
     if (strcmp(k.name, name) == 0) return &k;
@@ -217,9 +234,9 @@ const KernelEntry* find_kernel(const char* name) {
 }
 }  // namespace exla_rs_gpusim
 
-static std::string launch(const char* k, unsigned threads, unsigned smem, void* args_block) {
+static std::string launch(const char* k, unsigned threads, unsigned smem, void* args_block, unsigned blocks = 1) {
   void* args[1] = {args_block};
-  const uint32_t grid[3] = {1, 1, 1}, block[3] = {threads, 1, 1};
+  const uint32_t grid[3] = {blocks, 1, 1}, block[3] = {threads, 1, 1};
   char err[4096] = "";
   const int rc = exla_rs_gpusim_launch(k, grid, block, smem, args, err, sizeof err);
   return rc == 0 ? std::string() : std::string(err[0] ? err : "failed without a message");
@@ -340,7 +357,16 @@ int main(int argc, char** argv) {
   if (argc > 1) {  // a kernel the sanitizer must stop (or, --ordered / --two_copies, must not)
     Empty e{0};
     CopyArgs copies{192, nullptr};
-    const std::string k = std::string("test_") + (argv[1] + 2);
+    const std::string arg = argv[1] + 2;
+    if (arg == "block_race" || arg == "block_ordered") {
+      // Three blocks; the second store is block 1's thread 0 or, ordered, block 0's thread 1.
+      int word = 0;
+      RaceArgs r = arg == "block_race" ? RaceArgs{&word, 1, 0} : RaceArgs{&word, 0, 1};
+      const std::string err = launch("test_block_race", 64, 0, &r, 3);
+      printf("test_%s: %s\n", arg.c_str(), err.empty() ? "ran" : err.c_str());
+      return 0;
+    }
+    const std::string k = "test_" + arg;
     const unsigned smem = k == "test_oob" ? 64 : k == "test_two_copies" ? 256 : 128;
     const std::string err = launch(k.c_str(), 64, smem, k == "test_two_copies" ? static_cast<void*>(&copies) : &e);
     printf("%s: %s\n", k.c_str(), err.empty() ? "ran" : err.c_str());

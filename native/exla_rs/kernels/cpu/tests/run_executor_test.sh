@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Builds and runs the executor's own tests (executor_test.cpp): the PTX models against
-# independent references and the executor's checks, optimised; then the two kernels a sanitizer
-# must stop: an unordered shared-memory write under ThreadSanitizer (and its ordered twin, which
-# must pass) and a store past the dynamic shared memory under AddressSanitizer.
+# independent references and the executor's checks, optimised; then the kernels a sanitizer must
+# stop: an unordered shared-memory write and two blocks' stores to one global word under
+# ThreadSanitizer (each with an ordered twin, which must pass) and a store past the dynamic
+# shared memory under AddressSanitizer.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 cpu="$here/.."
@@ -41,6 +42,9 @@ expect_caught() {
 }
 TSAN_OPTIONS="halt_on_error=1 exitcode=66" expect_caught "$out/tsan" --race "ThreadSanitizer: data race"
 TSAN_OPTIONS="halt_on_error=1 exitcode=66" "$out/tsan" --ordered | grep -q "ran" && echo "ok: --ordered clean under ThreadSanitizer"
+# Two blocks storing to one global word race, whatever each block's barrier orders inside it.
+TSAN_OPTIONS="halt_on_error=1 exitcode=66" expect_caught "$out/tsan" --block_race "ThreadSanitizer: data race"
+TSAN_OPTIONS="halt_on_error=1 exitcode=66" "$out/tsan" --block_ordered | grep -q "ran" && echo "ok: --block_ordered clean under ThreadSanitizer"
 # Two copy-engine copies delivered in one call, in two engine contexts, into disjoint spans.
 TSAN_OPTIONS="halt_on_error=1 exitcode=66" "$out/tsan" --two_copies | grep -q "ran" && echo "ok: --two_copies clean under ThreadSanitizer"
 build asan address

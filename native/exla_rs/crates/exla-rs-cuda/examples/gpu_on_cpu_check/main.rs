@@ -72,8 +72,8 @@ fn with_options(mut c: Case, n: usize) -> Case {
     c
 }
 
-// Sizes. Every CUDA thread is a fiber here, and under ThreadSanitizer a fresh sanitizer thread
-// per block, so a case costs in proportion to the threads its launches start: the shapes are the
+// Sizes. Every CUDA thread is a fiber here, and each block runs them all, so a case costs in
+// proportion to the threads its launches start: the shapes are the
 // smallest that still cross each kernel's tiles (rows past one tile and a ragged last tile), with
 // GQA groups of 2. The elementwise kernels (dq conversion, dbias passes) start one thread per
 // element, which is why the backward cases keep Sq small.
