@@ -2,7 +2,7 @@
 """Proof that the GPU-on-CPU executor catches what it must (issue 22, part 6).
 
 Each mutation below breaks one kernel the way a real kernel bug would (a barrier removed, a wait
-removed, an index off by a row, a TMA box off by a tile, a wgmma wait moved before the last use of
+removed, an index off by a row, two blocks' output rows overlapping, a TMA box off by a tile, a wgmma wait moved before the last use of
 its accumulators, a wrong mbarrier parity). In one scratch copy of native/exla_rs, for the
 unmodified tree and then for each mutation applied alone, the sanitizer harness
 (crates/exla-rs-cuda/examples/gpu_on_cpu_check) is built with the executor under ThreadSanitizer
@@ -67,6 +67,14 @@ MUTATIONS = [
         "      mbar_wait(bar.k_full + stage, phase);\n", "",
         "sm90_f16_d128", (INITCHECK, RACE, MISMATCH),
         "sm90 forward: the consumers read the K stage without waiting for its TMA",
+    ),
+    Mutation(
+        "output_rows_overlap_next_block", "flash_fwd.cuh",
+        "    int row = m0 + warp * 16 + r;\n", "    int row = m0 + warp * 16 + r - (m0 > 0);\n",
+        # Blocks run in index order here, so the later block's store wins and the result could be
+        # anything; only ThreadSanitizer, with blocks unordered, must name it first.
+        "bf16_d64_tall_fwd", (RACE,),
+        "mma.sync forward: each block past the first stores its rows one row up, over its neighbour's last",
     ),
     Mutation(
         "smem_index_off_by_a_row", "flash_fwd.cuh",
