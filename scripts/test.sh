@@ -81,7 +81,9 @@ steps_wait() {
 # The GPU-on-CPU executor (exla-rs-gpusim) is built and tested by scripts/gpu_on_cpu.sh, in its own
 # target dir: the release build never carries it.
 step "cargo build (release)" cargo build --release --manifest-path "$CARGO_MANIFEST" --workspace --exclude exla-rs-gpusim
-step "cargo test" cargo test --release --no-fail-fast --manifest-path "$CARGO_MANIFEST" --workspace --exclude exla_rs_nif --exclude exla-rs-gpusim
+# Optimised like the release, without its LTO (Cargo.toml's ci-test profile): the kernels' fatbins
+# come from the release build's nvcc cache.
+step "cargo test" cargo test --profile ci-test --no-fail-fast --manifest-path "$CARGO_MANIFEST" --workspace --exclude exla_rs_nif --exclude exla-rs-gpusim
 # The two XLAs side by side (each process runs its tests one at a time).
 for v in jax-0.9.0 jax-0.10.2; do
   step_bg "pytest test/xla ($v)" "$EXLA_RS_VENVS/$v/bin/python" -m pytest -q -p no:cacheprovider test/xla

@@ -9,7 +9,10 @@
 //! nvcc 13.0 assembles). The table records each file's set so the loader and NVRTC pick its arch.
 //!
 //! Environment: `EXLA_RS_CUDA_ARCHS` (targets, default in src/arch.rs), `EXLA_RS_CUDA_NVCC=0`
-//! (skip nvcc: NVRTC only), `NVCC` (the compiler), `CUDA_HOME` / `CUDA_PATH` (`$X/bin/nvcc`), PATH.
+//! (skip nvcc: NVRTC only), `NVCC` (the compiler), `CUDA_HOME` / `CUDA_PATH` (`$X/bin/nvcc`), PATH,
+//! `EXLA_RS_CUDA_CACHE` (a directory of fatbins keyed by what nvcc is given: the file with its
+//! headers inlined, nvcc's version, the flags and targets; every profile and feature set of a
+//! checkout then compiles each kernel once: scripts/env.sh sets it under target/).
 //! With nvcc present, a kernel that fails to compile fails the build: CI must see it.
 
 #[path = "src/arch.rs"]
@@ -28,7 +31,7 @@ fn main() {
     let out = PathBuf::from(std::env::var("OUT_DIR").unwrap());
     println!("cargo:rerun-if-changed={}", kernels.display());
     println!("cargo:rerun-if-changed=src/arch.rs");
-    for v in ["EXLA_RS_CUDA_ARCHS", "EXLA_RS_CUDA_NVCC", "NVCC", "CUDA_HOME", "CUDA_PATH"] {
+    for v in ["EXLA_RS_CUDA_ARCHS", "EXLA_RS_CUDA_NVCC", "NVCC", "CUDA_HOME", "CUDA_PATH", "EXLA_RS_CUDA_CACHE"] {
         println!("cargo:rerun-if-env-changed={v}");
     }
 
@@ -76,8 +79,9 @@ fn main() {
     if build_sm90 {
         jobs.extend(sm90_files.iter().map(|f| (f, vec![sm90_target])));
     }
-    if let Some(nvcc) = &nvcc {
-        compile_all(nvcc, &jobs, &out, &kernels);
+    if let (Some(nvcc), Some(version)) = (&nvcc, &nvcc_version) {
+        let cache = std::env::var_os("EXLA_RS_CUDA_CACHE").filter(|d| !d.is_empty()).map(PathBuf::from);
+        compile_all(&Nvcc { path: nvcc, version, cache: cache.as_deref() }, &jobs, &out, &kernels, &flat_dir);
     }
 
     // Feature gpu-on-cpu with the executor built under a sanitizer (exla-rs-gpusim's `links`
@@ -161,8 +165,18 @@ fn nvcc_version(nvcc: &Path) -> String {
     text.lines().find(|l| l.contains("release")).unwrap_or("unknown").trim().to_string()
 }
 
+/// The compiler, its version, and the fatbin cache if one is set.
+struct Nvcc<'a> {
+    path: &'a Path,
+    version: &'a str,
+    cache: Option<&'a Path>,
+}
+
+/// Every kernel's nvcc flags, beside its `-gencode` targets.
+const NVCC_FLAGS: [&str; 6] = ["-std=c++17", "-O3", "-lineinfo", "-fatbin", "-Xfatbin=-compress-all", "-Xptxas=-warn-spills"];
+
 /// Compiles every file on as many threads as cargo gives this build (NUM_JOBS).
-fn compile_all(nvcc: &Path, files: &[(&PathBuf, Vec<arch::Target>)], out: &Path, kernels: &Path) {
+fn compile_all(nvcc: &Nvcc, files: &[(&PathBuf, Vec<arch::Target>)], out: &Path, kernels: &Path, flat_dir: &Path) {
     let jobs: usize = std::env::var("NUM_JOBS")
         .ok()
         .and_then(|j| j.parse().ok())
@@ -170,13 +184,16 @@ fn compile_all(nvcc: &Path, files: &[(&PathBuf, Vec<arch::Target>)], out: &Path,
         .max(1);
     let queue = Mutex::new(files.iter().collect::<Vec<_>>());
     let failures = Mutex::new(Vec::<String>::new());
+    let cached = std::sync::atomic::AtomicUsize::new(0);
     let started = std::time::Instant::now();
     std::thread::scope(|s| {
         for _ in 0..jobs.min(files.len()) {
             s.spawn(|| loop {
                 let Some((f, targets)) = queue.lock().unwrap().pop() else { break };
-                if let Err(e) = compile_one(nvcc, f, targets, out, kernels) {
-                    failures.lock().unwrap().push(e);
+                match compile_cached(nvcc, f, targets, out, kernels, flat_dir) {
+                    Ok(true) => _ = cached.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+                    Ok(false) => {}
+                    Err(e) => failures.lock().unwrap().push(e),
                 }
             });
         }
@@ -187,26 +204,64 @@ fn compile_all(nvcc: &Path, files: &[(&PathBuf, Vec<arch::Target>)], out: &Path,
     }
     let mut sets: Vec<String> = files.iter().map(|(_, t)| t.iter().map(|t| t.name()).collect::<Vec<_>>().join(",")).collect();
     sets.dedup();
+    let cached = cached.into_inner();
     println!(
-        "cargo:warning=exla-rs-cuda: nvcc compiled {} kernel files for {} in {:.0?} ({jobs} jobs)",
-        files.len(),
+        "cargo:warning=exla-rs-cuda: nvcc compiled {} kernel files for {} in {:.0?} ({jobs} jobs){}",
+        files.len() - cached,
         sets.join(" + "),
-        started.elapsed()
+        started.elapsed(),
+        if cached > 0 { format!("; {cached} more from the cache") } else { String::new() }
     );
 }
 
-fn compile_one(nvcc: &Path, file: &Path, targets: &[arch::Target], out: &Path, kernels: &Path) -> Result<(), String> {
+/// 128-bit FNV-1a of the parts (two 64-bit lanes with different offsets), as hex: the cache key.
+fn fnv128(parts: &[&[u8]]) -> String {
+    let mut h = [0xcbf2_9ce4_8422_2325u64, 0x6c62_272e_07bb_0142u64];
+    for part in parts {
+        for &b in part.iter().chain(&[0xffu8]) {
+            for x in h.iter_mut() {
+                *x = (*x ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3);
+            }
+        }
+    }
+    format!("{:016x}{:016x}", h[0], h[1])
+}
+
+/// The file's fatbin in `out`, from the cache when it holds one for exactly this input, else from
+/// nvcc (then stored there, atomically: parallel builds share the directory). Ok(true) = cached.
+fn compile_cached(nvcc: &Nvcc, file: &Path, targets: &[arch::Target], out: &Path, kernels: &Path, flat_dir: &Path) -> Result<bool, String> {
     let stem = file.file_stem().unwrap().to_str().unwrap();
     let dst = out.join(format!("{stem}.fatbin"));
-    let mut cmd = Command::new(nvcc);
+    let Some(cache) = nvcc.cache else {
+        return compile_one(nvcc, file, targets, &dst, kernels).map(|_| false);
+    };
+    let flat = std::fs::read(flat_dir.join(file.file_name().unwrap())).map_err(|e| format!("{stem}: {e}"))?;
+    let gencodes: Vec<String> = targets.iter().map(|t| t.gencode()).collect();
+    let key = fnv128(&[&flat, nvcc.version.as_bytes(), NVCC_FLAGS.join(" ").as_bytes(), gencodes.join(" ").as_bytes()]);
+    let entry = cache.join(format!("{stem}-{key}.fatbin"));
+    if std::fs::copy(&entry, &dst).is_ok() {
+        return Ok(true);
+    }
+    compile_one(nvcc, file, targets, &dst, kernels)?;
+    let tmp = cache.join(format!(".{stem}-{key}.{}", std::process::id()));
+    std::fs::create_dir_all(cache)
+        .and_then(|_| std::fs::copy(&dst, &tmp))
+        .and_then(|_| std::fs::rename(&tmp, &entry))
+        .map_err(|e| format!("{stem}: cannot store its fatbin in {}: {e}", cache.display()))?;
+    Ok(false)
+}
+
+fn compile_one(nvcc: &Nvcc, file: &Path, targets: &[arch::Target], dst: &Path, kernels: &Path) -> Result<(), String> {
+    let stem = file.file_stem().unwrap().to_str().unwrap();
+    let mut cmd = Command::new(nvcc.path);
     // -lineinfo: compute-sanitizer and profilers map SASS back to the .cuh lines (no speed cost).
     // -compress-all: the driver inflates images at load; the library shrinks from ~30 to ~8 MB.
-    cmd.args(["-std=c++17", "-O3", "-lineinfo", "-fatbin", "-Xfatbin=-compress-all", "-Xptxas=-warn-spills"]);
+    cmd.args(NVCC_FLAGS);
     for t in targets {
         cmd.arg("-gencode").arg(t.gencode());
     }
-    cmd.arg("-I").arg(kernels).arg("-o").arg(&dst).arg(file);
-    let o = cmd.output().map_err(|e| format!("{}: cannot run: {e}", nvcc.display()))?;
+    cmd.arg("-I").arg(kernels).arg("-o").arg(dst).arg(file);
+    let o = cmd.output().map_err(|e| format!("{}: cannot run: {e}", nvcc.path.display()))?;
     let log = format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
     if !o.status.success() {
         return Err(format!("--- {}: {:?}\n{log}", file.display(), cmd));
