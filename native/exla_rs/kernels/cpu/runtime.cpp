@@ -482,10 +482,8 @@ void run_block() {
 #endif
   for (auto& m : L.cp_bank) m.clear();
 #if defined(EXLA_RS_GPUSIM_TSAN)
-  const unsigned sets = tsan_sets(L.nthreads);
   const uint64_t block_no = L.bidx.x + (uint64_t)L.grid.x * (L.bidx.y + (uint64_t)L.grid.y * L.bidx.z);
-  const unsigned set = (unsigned)(block_no % sets);
-  L.tsan_threads.resize((size_t)sets * L.nthreads, nullptr);
+  const size_t set = block_no % (L.tsan_threads.size() / L.nthreads);
 #endif
   for (unsigned i = 0; i < L.nthreads; ++i) {
     ThreadState& t = L.threads[i];
@@ -1008,6 +1006,9 @@ extern "C" int exla_rs_gpusim_launch(const char* kernel, const uint32_t grid[3],
   L.warpgroups.resize((L.nthreads + 127) / 128);
   L.wg_async.resize((L.nthreads + 127) / 128);
   L.cp_bank.resize((L.nthreads + 31) / 32);
+#if defined(EXLA_RS_GPUSIM_TSAN)
+  L.tsan_threads.resize((size_t)tsan_sets(L.nthreads) * L.nthreads, nullptr);
+#endif
   int rc = 0;
   for (auto& t : L.threads)
     if (!fiber_map(t.fiber, kStackBytes)) {
