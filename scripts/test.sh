@@ -95,12 +95,17 @@ step_bg "CUDA kernel emulation" "$EXLA_RS_VENVS/jax-0.10.2/bin/python" native/ex
 # The sm90 (wgmma/TMA) forward: its fragments, descriptors, TMA boxes and tile pipeline.
 step_bg "CUDA sm90 kernel emulation" "$EXLA_RS_VENVS/jax-0.10.2/bin/python" native/exla_rs/kernels/sm90/emulate_wgmma.py
 steps_wait
+# The GPU check's plumbing (test/gpu/run_gpu_checks.sh --platform cpu against the Host handlers):
+# a test made to hang is named, its process group killed, its shard goes on, <= 8 files (#31).
+step "GPU check script on the CPU (a hung test named)" "$EXLA_RS_VENVS/jax-0.10.2/bin/python" -m pytest -q -p no:cacheprovider test/gpu/test_run_gpu_checks.py
 # No kernel may spill: any LDL/STL in the SASS of the release build's fatbins fails CI, beyond the
 # measured exceptions in sass_stats.py's KNOWN_SPILLS (per-kernel instruction/HMMA/integer-op
 # counts are printed too: the signal for kernel work without a GPU). And the plain feature set
 # (what most calls run) within its SASS budget: instructions and integer ops per HMMA per kernel,
 # so no optional feature and no change taxes the common path unnoticed (#26). One cuobjdump pass.
-step "CUDA kernels: SASS statistics, no spills, plain set within budget" "$EXLA_RS_VENVS/jax-0.10.2/bin/python" native/exla_rs/kernels/sass_stats.py --check-spills --check
+# --check-regpool: every setmaxnreg kernel's producer/consumer split fits its launch register pool
+# (REG x threads from the cubin); one that does not hangs every launch (#32, D = 256 on an H200).
+step "CUDA kernels: SASS statistics, no spills, plain set within budget" "$EXLA_RS_VENVS/jax-0.10.2/bin/python" native/exla_rs/kernels/sass_stats.py --check-spills --check --check-regpool
 # The CUDA kernels themselves, executed on the CPU with the GPU's semantics (issue 22): test/gpu
 # through real XLA for the mma.sync and the sm90 kernel sets, and the harness that launches every
 # kernel image under ThreadSanitizer and AddressSanitizer (the script prints each part's time).

@@ -256,62 +256,99 @@ def _additive(bias, alibi_slopes, q_start, sq, sk):
     return add
 
 
-def _reference_probs(q, k, v, kv_len, q_start, *, scale, softcap, window_left, window_right, key_mask=None, bias=None, alibi_slopes=None):
-    """float64 pieces shared by the references: softmax p [B,H,Sq,Sk], pre-softcap-derivative
-    scores s, GQA-expanded k/v, and lse [B,H,Sq]; masked entries of p are exactly 0. The bias and
-    ALiBi are added after the softcap; a -inf bias hides its entry."""
-    q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
+# Where the float64 references run. None: numpy on the host (the Host tests, the demo, the
+# benchmarks). A jax device (test/gpu on a GPU: set_reference_device): the same function jitted in
+# float64 on that device, compiled once per shape and reused, so a GPU test is not held up by
+# numpy's einsums on a shared CPU (issue 31).
+_REF_DEVICE = None
+_REF_JIT = None
+
+
+def set_reference_device(device) -> None:
+    """Runs reference()/reference_fwd()/reference_bwd() on `device` (None: numpy on the host).
+    Needs jax_enable_x64."""
+    global _REF_DEVICE, _REF_JIT
+    if device is not None and not jax.config.jax_enable_x64:
+        raise RuntimeError("float64 references on a device need jax.config.update('jax_enable_x64', True)")
+    _REF_DEVICE = device
+    if device is not None and _REF_JIT is None:
+        _REF_JIT = jax.jit(partial(_reference_core, jnp), static_argnames=("scale", "softcap", "bias_shape", "grads"))
+
+
+def _reference_core(xp, q, k, v, visible, add, do, dlse, ms, *, scale, softcap, bias_shape, grads):
+    """The contract's function and its closed-form gradient in float64, written once for numpy and
+    jax.numpy (`xp`). visible: bool[B, Sq, Sk]; add: the bias + ALiBi term broadcastable to
+    [B, H, Sq, Sk] (a -inf entry hides its key); ms: dropout scales [B, H, Sq, Sk] or None. Returns
+    (o, lse) or, with grads, (o, lse, dq, dk, dv, dbias) of sum(o * do) (+ sum(lse * dlse)), dbias
+    summed to bias_shape (None: no bias). Softcap applies to the scaled logits before the bias."""
+    f64 = lambda t: t.astype(xp.float64)
+    q, k, v = f64(q), f64(k), f64(v)
     b, sq, h, d = q.shape
     sk, hkv = k.shape[1], k.shape[2]
     g = h // hkv
-    kk = np.repeat(k, g, axis=2)
-    vv = np.repeat(v, g, axis=2)
-    x = scale * np.einsum("bihd,bjhd->bhij", q, kk)
-    s = softcap * np.tanh(x / softcap) if softcap > 0 else x
-    m = visible_mask(b, sq, sk, kv_len, q_start, window_left, window_right, key_mask)[:, None]
-    with np.errstate(invalid="ignore"):
-        z = s + _additive(bias, alibi_slopes, q_start, sq, sk)
-    m = m & (z > -np.inf)
-    s_m = np.where(m, z, -np.inf)
-    mx = np.max(s_m, axis=-1, keepdims=True)
-    mx = np.where(np.isfinite(mx), mx, 0.0)
-    p = np.where(m, np.exp(s_m - mx), 0.0)
+    ein = partial(xp.einsum, optimize=True)
+    kk, vv = xp.repeat(k, g, axis=2), xp.repeat(v, g, axis=2)
+    x = scale * ein("bihd,bjhd->bhij", q, kk)
+    s = softcap * xp.tanh(x / softcap) if softcap > 0 else x
+    z = s + add
+    m = visible[:, None] & (z > -xp.inf)
+    zm = xp.where(m, z, -xp.inf)
+    mx = xp.max(zm, axis=-1, keepdims=True)
+    mx = xp.where(xp.isfinite(mx), mx, 0.0)
+    p = xp.where(m, xp.exp(zm - mx), 0.0)
     l = p.sum(-1, keepdims=True)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        lse = np.where(l > 0, np.log(l) + mx, -np.inf)[..., 0]
-        p = np.where(l > 0, p / l, 0.0)
-    return p, s, kk, vv, lse
+    lse = xp.where(l > 0, xp.log(xp.where(l > 0, l, 1.0)) + mx, -xp.inf)[..., 0]
+    p = p / xp.where(l > 0, l, 1.0)  # masked entries exactly 0, fully masked rows all 0
+    pd = p if ms is None else p * ms
+    o = ein("bhij,bjhd->bihd", pd, vv)
+    if not grads:
+        return o, lse
+    do = f64(do)
+    dv_h = ein("bhij,bihd->bjhd", pd, do)
+    dp = ein("bihd,bjhd->bhij", do, vv)
+    delta = ein("bihd,bihd->bhi", do, o)[..., None]
+    dz = p * ((dp if ms is None else ms * dp) - delta + (0.0 if dlse is None else f64(dlse)[..., None]))
+    dx = dz * (1.0 - (s / softcap) ** 2) if softcap > 0 else dz
+    dq = scale * ein("bhij,bjhd->bihd", dx, kk)
+    dk_h = scale * ein("bhij,bihd->bjhd", dx, q)
+    fold = lambda t: t.reshape(b, sk, hkv, g, d).sum(axis=3)  # GQA: sum the group's query heads
+    dbias = None if bias_shape is None else dz.sum(axis=tuple(n for n in range(4) if bias_shape[n] == 1), keepdims=True)
+    return o, lse, dq, fold(dk_h), fold(dv_h), dbias
+
+
+def reference(q, k, v, kv_len, q_start, do=None, *, scale, softcap=0.0, window_left=-1, window_right=-1, key_mask=None, bias=None,
+              alibi_slopes=None, dlse=None, dropout_scales=None):
+    """float64 numpy (o, lse) of the contract, or with `do` (o, lse, dq, dk, dv, dbias) (dbias
+    None without a bias), on the reference device (set_reference_device) or the host. Shapes:
+    o [B,Sq,H,D], lse [B,H,Sq]; dropout_scales [B,H,Sq,Sk] (mask / keep probability) applies to P."""
+    b, sq, h, _ = np.shape(q)
+    sk = np.shape(k)[1]
+    visible = visible_mask(b, sq, sk, kv_len, q_start, window_left, window_right, key_mask)
+    add = np.asarray(_additive(bias, alibi_slopes, q_start, sq, sk), np.float64)
+    args = (q, k, v, visible, add, do, dlse, dropout_scales)
+    static = dict(scale=float(scale), softcap=float(softcap), bias_shape=None if bias is None else tuple(np.shape(bias)), grads=do is not None)
+    if _REF_DEVICE is None:
+        with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+            out = _reference_core(np, *(None if a is None else np.asarray(a) for a in args), **static)
+    else:
+        out = _REF_JIT(*(None if a is None else jax.device_put(np.asarray(a), _REF_DEVICE) for a in args), **static)
+    return tuple(None if a is None else np.asarray(a) for a in out)
 
 
 def reference_fwd(q, k, v, kv_len, q_start, *, scale, softcap=0.0, window_left=-1, window_right=-1, key_mask=None, bias=None, alibi_slopes=None):
     """float64 numpy (o [B,Sq,H,D], lse [B,H,Sq]) of the contract."""
-    p, _, _, vv, lse = _reference_probs(q, k, v, kv_len, q_start, scale=scale, softcap=softcap, window_left=window_left, window_right=window_right,
-                                        key_mask=key_mask, bias=bias, alibi_slopes=alibi_slopes)
-    return np.einsum("bhij,bjhd->bihd", p, vv), lse
+    return reference(q, k, v, kv_len, q_start, scale=scale, softcap=softcap, window_left=window_left, window_right=window_right,
+                     key_mask=key_mask, bias=bias, alibi_slopes=alibi_slopes)
 
 
 def reference_bwd(q, k, v, kv_len, q_start, do, *, scale, softcap=0.0, window_left=-1, window_right=-1, dlse=None,
                   key_mask=None, bias=None, alibi_slopes=None):
     """float64 (dq, dk, dv) of sum(o * do) (+ sum(lse * dlse) when dlse [B,H,Sq] is given), o and
-    lse the contract's forward; closed form, no jax, so it runs on the host next to a GPU process
-    without touching the device. (dbias: see reference_grads_jax.)"""
-    p, s, kk, vv, _ = _reference_probs(q, k, v, kv_len, q_start, scale=scale, softcap=softcap, window_left=window_left, window_right=window_right,
-                                       key_mask=key_mask, bias=bias, alibi_slopes=alibi_slopes)
-    q, do = np.asarray(q, np.float64), np.asarray(do, np.float64)
-    b, sq, h, d = q.shape
-    sk, hkv = kk.shape[1], k.shape[2]
-    g = h // hkv
-    o = np.einsum("bhij,bjhd->bihd", p, vv)
-    dv_h = np.einsum("bhij,bihd->bjhd", p, do)
-    dp = np.einsum("bihd,bjhd->bhij", do, vv)
-    delta = np.einsum("bihd,bihd->bhi", do, o)[..., None]
-    ds = p * (dp - delta + (0.0 if dlse is None else np.asarray(dlse, np.float64)[..., None]))
-    if softcap > 0:
-        ds = ds * (1.0 - (s / softcap) ** 2)
-    dq = scale * np.einsum("bhij,bjhd->bihd", ds, kk)
-    dk_h = scale * np.einsum("bhij,bihd->bjhd", ds, q)
-    fold = lambda t: t.reshape(b, sk, hkv, g, d).sum(axis=3)  # GQA: sum the group's query heads
-    return dq, fold(dk_h), fold(dv_h)
+    lse the contract's forward; closed form (reference() adds dbias; reference_jax is the
+    independent jax.grad one)."""
+    out = reference(q, k, v, kv_len, q_start, do, scale=scale, softcap=softcap, window_left=window_left, window_right=window_right,
+                    key_mask=key_mask, bias=bias, alibi_slopes=alibi_slopes, dlse=dlse)
+    return out[2], out[3], out[4]
 
 
 def reference_jax(q, k, v, kv_len, q_start, *, scale, softcap=0.0, window_left=-1, window_right=-1, key_mask=None, bias=None, alibi_slopes=None):

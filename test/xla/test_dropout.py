@@ -105,23 +105,8 @@ CONFIGS = {
 
 def reference(q, k, v, kv_len, q_start, do, ms, *, scale, softcap, wl, wr, key_mask, bias, slopes):
     """float64 o, lse, dq, dk, dv, dbias of the contract with dropout scales ms [B, H, Sq, Sk]."""
-    p, s, kk, vv, lse = ex._reference_probs(q, k, v, kv_len, q_start, scale=scale, softcap=softcap, window_left=wl, window_right=wr,
-                                            key_mask=key_mask, bias=bias, alibi_slopes=slopes)
-    q, do = np.asarray(q, np.float64), np.asarray(do, np.float64)
-    b, sq, h, d = q.shape
-    sk, hkv = k.shape[1], k.shape[2]
-    pd = p * ms
-    o = np.einsum("bhij,bjhd->bihd", pd, vv)
-    dv_h = np.einsum("bhij,bihd->bjhd", pd, do)
-    dp = np.einsum("bihd,bjhd->bhij", do, vv)
-    delta = np.einsum("bihd,bihd->bhi", do, o)[..., None]
-    dz = p * (ms * dp - delta)
-    dx = dz * (1.0 - (s / softcap) ** 2) if softcap > 0 else dz
-    dq = scale * np.einsum("bhij,bjhd->bihd", dx, kk)
-    dk_h = scale * np.einsum("bhij,bihd->bjhd", dx, q)
-    fold = lambda t: t.reshape(b, sk, hkv, h // hkv, d).sum(axis=3)
-    dbias = None if bias is None else dz.sum(axis=tuple(n for n in range(4) if bias.shape[n] == 1), keepdims=True)
-    return o, lse, dq, fold(dk_h), fold(dv_h), dbias
+    return ex.reference(q, k, v, kv_len, q_start, do, scale=scale, softcap=softcap, window_left=wl, window_right=wr,
+                        key_mask=key_mask, bias=bias, alibi_slopes=slopes, dropout_scales=ms)
 
 
 def rel(got, want):

@@ -7,6 +7,10 @@ registers, stack and static shared memory, from `cuobjdump -sass` / `cuobjdump -
 The Hopper set (kernels/sm90/inst, sm_90a images, kernels named sm90_*) also reports HGMMA
 (wgmma) and UTMA* (the TMA copy engine: UTMALDG, UTMAPF, ...): `--check-spills` fails an sm90
 image that has none of either, since it would then be running on a slower path.
+`--check-regpool` reads the register budget of every kernel that moves registers with setmaxnreg
+(USETMAXREG in its SASS): the block holds REG (cuobjdump -res-usage) x threads (the launch bounds the
+ELF records, EIATTR_MAX_THREADS) registers, and setmaxnreg.inc waits until that pool has what it
+asks, so a split that needs more hangs every launch (the sm90 forward at D = 256 did on an H200).
 "Integer ops" are the integer-pipe opcodes that index, mask and address work costs (the list is
 the one shared/design/facts.md counts FA2 with): IMAD, IADD3, LOP3, SHF, LEA, ISETP, SEL, IMNMX,
 VIADD, PLOP3.
@@ -16,6 +20,7 @@ VIADD, PLOP3.
     python3 native/exla_rs/kernels/sass_stats.py --markdown       # the table bench/RESULTS.md holds
     python3 native/exla_rs/kernels/sass_stats.py --check-spills   # exit 1 on any LDL/STL (CI)
     python3 native/exla_rs/kernels/sass_stats.py --check          # exit 1 if the plain set grew (CI)
+    python3 native/exla_rs/kernels/sass_stats.py --check-regpool  # exit 1 if a setmaxnreg split overdraws (CI)
     python3 native/exla_rs/kernels/sass_stats.py --dir DIR        # fatbins/cubins elsewhere
 
 cuobjdump and nvdisasm come from NVIDIA's pip wheels (scripts/setup.sh puts them in the cuda
@@ -54,6 +59,9 @@ PLAIN_BUDGET = {
 }
 PLAIN = re.compile(r"^(fwd|bwd)_b?f16_d(\d+)$")
 
+# USETMAXREG.DEALLOC n (setmaxnreg.dec) / USETMAXREG.TRY_ALLOC UPx, n (setmaxnreg.inc, retried until
+# the block's pool grants it).
+SETMAXNREG = re.compile(r"USETMAXREG\.(DEALLOC|TRY_ALLOC)\S*\s+(?:U?P\w+\s*,\s*)?(0x[0-9a-fA-F]+|\d+)\s*;")
 INSN = re.compile(r"^\s*/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P[0-9T]\s+)?([A-Z][A-Z0-9_]*)(?:\.[A-Z0-9_.]*)?\b")
 
 
@@ -96,12 +104,20 @@ def run(tool: str, args: list[str]) -> str:
 
 def stats_of(tool: str, path: Path) -> dict[tuple[str, str], dict]:
     """{(arch, kernel): stats} for one fatbin or cubin."""
-    out: dict[tuple[str, str], dict] = defaultdict(lambda: {"ops": Counter()})
     sass = run(tool, ["-sass", str(path)])
+    # The ELF (launch bounds) only where a kernel moves registers: the dump is large.
+    elf = run(tool, ["-elf", str(path)]) if "USETMAXREG" in sass else ""
+    return parse_dumps(sass, run(tool, ["-res-usage", str(path)]), elf)
+
+
+def parse_dumps(sass: str, res_usage: str, elf: str = "") -> dict[tuple[str, str], dict]:
+    """{(arch, kernel): stats} from cuobjdump's -sass, -res-usage and -elf texts of one file."""
+    out: dict[tuple[str, str], dict] = defaultdict(lambda: {"ops": Counter(), "setmaxnreg": []})
     archs = set(re.findall(r"code for (sm_\w+)", sass))
     # A cubin's -res-usage names no arch: it is the one its SASS is for.
     arch = archs.pop() if len(archs) == 1 else None
-    for line in run(tool, ["-res-usage", str(path)]).splitlines():
+    first_arch = arch
+    for line in res_usage.splitlines():
         m = re.match(r"\s*arch = (sm_\w+)", line)
         if m:
             arch = m.group(1)
@@ -113,6 +129,26 @@ def stats_of(tool: str, path: Path) -> dict[tuple[str, str], dict]:
         if m and arch:
             s = out[(arch, fn)]
             s["regs"], s["stack"], s["static_smem"], s["local"] = map(int, m.groups())
+    # -elf: each image starts with "arch = ..." (a cubin: none), each kernel's attributes sit in
+    # its .nv.info.<kernel> section; EIATTR_MAX_THREADS's value is the next "Value:" line (x y z).
+    arch, fn, want = first_arch, None, False
+    for line in elf.splitlines():
+        m = re.match(r"\s*arch = (sm_\w+)", line)
+        if m:
+            arch, fn = m.group(1), None
+            continue
+        m = re.match(r"\.nv\.info\.(\S+)\s*$", line)
+        if m:
+            fn = m.group(1)
+            continue
+        if "EIATTR_MAX_THREADS" in line:
+            want = True
+            continue
+        m = re.match(r"\s*Value:\s*((?:0x[0-9a-fA-F]+\s*)+)$", line)
+        if want and m and arch and fn:
+            x, y, z = (int(v, 16) for v in m.group(1).split())
+            out[(arch, fn)]["max_threads"] = x * y * z
+            want = False
     arch = fn = None
     for line in sass.splitlines():
         m = re.match(r"\s*code for (sm_\w+)", line)
@@ -126,7 +162,63 @@ def stats_of(tool: str, path: Path) -> dict[tuple[str, str], dict]:
         m = INSN.match(line)
         if m and arch and fn:
             out[(arch, fn)]["ops"][m.group(1)] += 1
+            r = SETMAXNREG.search(line)
+            if r:
+                out[(arch, fn)]["setmaxnreg"].append((r.group(1), int(r.group(2), 0)))
     return dict(out)
+
+
+def regpool(s: dict) -> dict | None:
+    """The register pool of a kernel that runs setmaxnreg, or None. Which warpgroup runs which
+    USETMAXREG is not in the SASS's text, so the need is the kernels' layout at its largest: one
+    producer warpgroup (128 threads) at the smallest count and every other thread at the largest:
+    128 * min + (threads - 128) * max, against REG x threads (the pool at launch)."""
+    counts = [n for _, n in s.get("setmaxnreg", [])]
+    if not counts:
+        return None
+    threads, regs = s.get("max_threads"), s.get("regs", -1)
+    producer, consumer = min(counts), max(counts)
+    r = dict(regs=regs, threads=threads, producer=producer, consumer=consumer, pool=None, need=None, problem=None)
+    if not threads:
+        r["problem"] = "no EIATTR_MAX_THREADS (__launch_bounds__) in its ELF: the launch pool is unknown"
+    elif threads < 256 or regs < 0:
+        r["problem"] = f"{threads} threads, REG {regs}: not a producer warpgroup plus consumers"
+    else:
+        r["pool"], r["need"] = regs * threads, 128 * producer + (threads - 128) * consumer
+        if r["need"] > r["pool"]:
+            r["problem"] = (f"setmaxnreg needs 128 x {producer} + {threads - 128} x {consumer} = {r['need']} registers, "
+                            f"the block holds {regs} x {threads} = {r['pool']} at launch: setmaxnreg.inc never completes")
+    return r
+
+
+# The check's own proof, from cuobjdump's dumps of sm90_fwd_bf16_d256 as built on 2026-11-27 (it
+# hung on an H200: setmaxnreg 48 / 232, 168 registers x 384 threads) and with today's 40 / 232.
+SELFTEST_SASS = """
+\tcode for sm_90a
+\t\tFunction : exla_rs_sm90_fwd_bf16_d256
+        /*02e0*/                   USETMAXREG.TRY_ALLOC.CTAPOOL UP0, 0xe8 ;                            /* 0x000000e8000079c8 */
+        /*fab0*/                   USETMAXREG.DEALLOC.CTAPOOL {dealloc} ;                                   /* 0x00000030000079c8 */
+"""
+SELFTEST_RES = """
+ Function exla_rs_sm90_fwd_bf16_d256:
+  REG:168 STACK:0 SHARED:1024 LOCAL:0 CONSTANT[0]:1152 TEXTURE:0 SURFACE:0 SAMPLER:0
+"""
+SELFTEST_ELF = """
+.nv.info.exla_rs_sm90_fwd_bf16_d256
+\tAttribute:\tEIATTR_MAX_THREADS
+\tFormat:\tEIFMT_SVAL
+\tValue:\t0x180 0x1 0x1 
+"""
+
+
+def regpool_selftest() -> str | None:
+    """None when the check rejects the split that hung and accepts the one that fits."""
+    for dealloc, bad in (("0x30", True), ("0x28", False)):
+        stats = parse_dumps(SELFTEST_SASS.format(dealloc=dealloc), SELFTEST_RES, SELFTEST_ELF)
+        r = regpool(stats[("sm_90a", "exla_rs_sm90_fwd_bf16_d256")])
+        if r is None or r["threads"] != 384 or bool(r["problem"]) != bad:
+            return f"setmaxnreg {int(dealloc, 16)}/232 at 168 x 384: got {r}"
+    return None
 
 
 def summarize(s: dict) -> dict:
@@ -138,6 +230,7 @@ def summarize(s: dict) -> dict:
         insts=n, hmma=hmma, hgmma=ops["HGMMA"], utma=sum(v for k, v in ops.items() if k.startswith("UTMA")), ldsm=ops["LDSM"], int=integer, ldl=ops["LDL"], stl=ops["STL"],
         regs=s.get("regs", -1), stack=s.get("stack", -1),
         int_per_hmma=(integer / hmma) if hmma else None, ldsm_per_hmma=(ops["LDSM"] / hmma) if hmma else None,
+        regpool=regpool(s),
     )
 
 
@@ -178,6 +271,8 @@ def main() -> int:
     ap.add_argument("--check-spills", action="store_true", help="exit 1 if any kernel has LDL/STL (beyond KNOWN_SPILLS)")
     ap.add_argument("--check", action="store_true",
                     help="exit 1 if a plain-set kernel exceeds its instruction or integer-ops-per-HMMA budget")
+    ap.add_argument("--check-regpool", action="store_true",
+                    help="exit 1 if a setmaxnreg kernel's producer/consumer split needs more registers than its launch pool")
     a = ap.parse_args()
     tool = find_cuobjdump()
     d = a.dir or default_dir()
@@ -213,6 +308,27 @@ def main() -> int:
     spills = [s for s in spills if s not in known]
     # An sm90 kernel without wgmma or TMA in its SASS has fallen off the Hopper path.
     off_path = [(arch, fn, r) for arch, fn, r in rows if fn.startswith("sm90_") and not (r["hgmma"] and r["utma"])]
+    rc = 0
+    if a.check_regpool:
+        pools = [(arch, fn, r["regpool"]) for arch, fn, r in rows if r["regpool"]]
+        print("# register pools of the setmaxnreg kernels: need = 128 x producer + (threads - 128) x consumer <= pool = REG x threads")
+        print(f"{'arch':7} {'kernel':24} {'REG':>4} {'threads':>7} {'pool':>6} {'producer':>8} {'consumer':>8} {'need':>6}  verdict")
+        for arch, fn, p in pools:
+            print(f"{arch:7} {fn:24} {p['regs']:4} {p['threads'] or '-':>7} {p['pool'] or '-':>6} {p['producer']:8} {p['consumer']:8} "
+                  f"{p['need'] or '-':>6}  {'FAIL' if p['problem'] else 'ok'}")
+        for arch, fn, p in pools:
+            if p["problem"]:
+                print(f"REGISTER POOL: {arch} {fn}: {p['problem']}", file=sys.stderr)
+                rc = 1
+        err = regpool_selftest()
+        if err:
+            print(f"sass_stats: --check-regpool self-test failed (the check would miss the hang): {err}", file=sys.stderr)
+            rc = 1
+        if not pools and not a.arch and not a.kernel and any(fn.startswith("sm90_") for _, fn, _ in rows):
+            print("sass_stats: sm90 kernels without USETMAXREG: the register split is gone from their SASS", file=sys.stderr)
+            rc = 1
+        print(f"# register pools: {sum(1 for *_, p in pools if not p['problem'])} of {len(pools)} setmaxnreg kernel images fit; "
+              f"self-test (48/232 at D = 256 rejected, 40/232 accepted) {'FAILED' if err else 'ok'}", file=sys.stderr)
     if a.check:
         over, checked = check_plain_budget(rows)
         for line in over:
@@ -222,7 +338,7 @@ def main() -> int:
             return 1
         print(f"# plain set: {checked - len(over)} of {checked} kernel images within budget", file=sys.stderr)
         if over:
-            return 1
+            rc = 1
     if a.check_spills:
         for arch, fn, r in known:
             print(f"known spill (KNOWN_SPILLS): {arch} {fn}: {r['stl']} STL, {r['ldl']} LDL, stack {r['stack']} bytes", file=sys.stderr)
@@ -233,8 +349,9 @@ def main() -> int:
         if not rows:
             print("sass_stats: no kernels matched", file=sys.stderr)
             return 1
-        return 1 if spills or off_path else 0
-    return 0
+        if spills or off_path:
+            rc = 1
+    return rc
 
 
 if __name__ == "__main__":

@@ -92,7 +92,7 @@ struct ThreadState {
   bool done = false;
   bool runnable = true;
   // What a blocked thread waits for (reports and wake-ups).
-  enum class Wait { None, Warp, Warpgroup, Barrier, Mbar, WgmmaNone } wait = Wait::None;
+  enum class Wait { None, Warp, Warpgroup, Barrier, Mbar, WgmmaNone, Regs } wait = Wait::None;
   uint64_t wait_key = 0;
   unsigned wait_arg = 0;
   const char* wait_site = nullptr;
@@ -187,6 +187,11 @@ struct Launch {
   std::unordered_map<uint32_t, Mbar> mbars;
   std::deque<AsyncCopy> copies;
   std::vector<WarpgroupAsync> wg_async;
+  // setmaxnreg: registers per thread each warpgroup holds, what one waits for (0: nothing), and the
+  // block's pool of released registers.
+  unsigned launch_regs = 0;
+  std::vector<unsigned> wg_regs, wg_regs_want;
+  uint64_t reg_pool = 0;
   std::vector<std::unordered_map<uint64_t, CpBank>> cp_bank;  // per warp, by sequence number
   ThreadState* cur = nullptr;
   Fiber sched;
@@ -296,6 +301,7 @@ const char* wait_name(ThreadState::Wait w) {
     case ThreadState::Wait::Warpgroup: return "a warpgroup collective";
     case ThreadState::Wait::Barrier: return "a CTA barrier";
     case ThreadState::Wait::Mbar: return "an mbarrier";
+    case ThreadState::Wait::Regs: return "registers (setmaxnreg.inc)";
     default: return "nothing";
   }
 }
@@ -310,6 +316,22 @@ std::string deadlock_report() {
     unsigned arg;
     const char* site;
   };
+  // A warpgroup waiting in setmaxnreg.inc first: the pool can no longer grow (nothing that could
+  // release registers can run), so its request is never met.
+  for (size_t w = 0; w < g->wg_regs_want.size(); ++w) {
+    const unsigned want = g->wg_regs_want[w];
+    if (!want) continue;
+    std::string held;
+    for (size_t v = 0; v < g->wg_regs.size(); ++v) held += (v ? "/" : "") + std::to_string(g->wg_regs[v]);
+    char buf[512];
+    snprintf(buf, sizeof buf,
+             "\n  setmaxnreg.inc %u in warpgroup %zu can never complete: it holds %u registers per thread and asks "
+             "(%u - %u) x 128 = %u from the block's pool, which holds %llu (launch: %u registers x %u threads = %u; "
+             "warpgroups hold %s per thread)",
+             want, w, g->wg_regs[w], want, g->wg_regs[w], (want - g->wg_regs[w]) * 128, (unsigned long long)g->reg_pool,
+             g->launch_regs, g->nthreads, g->launch_regs * g->nthreads, held.c_str());
+    r += buf;
+  }
   std::vector<std::pair<Key, std::vector<unsigned>>> groups;
   unsigned exited = 0;
   for (auto& t : g->threads) {
@@ -357,6 +379,10 @@ std::string deadlock_report() {
                  lanes_text(gr.arrived, wgp ? 128 : 32).c_str(), lanes_text(gr.mask, wgp ? 128 : 32).c_str());
         break;
       }
+      case ThreadState::Wait::Regs:
+        snprintf(buf, sizeof buf, "\n  %s wait in setmaxnreg.inc for %u registers per thread (warpgroup %llu)", who.c_str(), k.arg,
+                 (unsigned long long)k.key);
+        break;
       default:
         snprintf(buf, sizeof buf, "\n  %s wait for %s", who.c_str(), wait_name(k.w));
     }
@@ -480,6 +506,10 @@ void run_block() {
 #if defined(EXLA_RS_GPUSIM_TSAN)
   __tsan_ignore_thread_end();
 #endif
+  L.launch_regs = launch_reg_cap(L.nthreads);
+  L.wg_regs.assign(L.wg_async.size(), L.launch_regs);
+  L.wg_regs_want.assign(L.wg_async.size(), 0);
+  L.reg_pool = 0;
   for (auto& m : L.cp_bank) m.clear();
 #if defined(EXLA_RS_GPUSIM_TSAN)
   const uint64_t block_no = L.bidx.x + (uint64_t)L.grid.x * (L.bidx.y + (uint64_t)L.grid.y * L.bidx.z);
@@ -689,6 +719,56 @@ void warpgroup_collective(Op op, const char* site, LaneIo& io, CollectiveFn fn, 
   if ((wgi + 1) * 128 > g->nthreads) fail("%s at %s: warpgroup %u is incomplete (block of %u threads)", op_name(op), site, wgi, g->nthreads);
   const uint64_t m[2] = {~0ull, ~0ull};
   collective(g->warpgroups[wgi], 128, t->tid % 128, wgi, true, op, m, site, io, fn, ctx, true);
+}
+
+unsigned launch_reg_cap(unsigned threads) { return std::min(255u, 65536u / threads / 8 * 8); }
+
+// Grants waiting setmaxnreg.inc requests the pool can cover, lowest warpgroup first (the ISA
+// leaves the order open), and wakes their threads.
+static void grant_registers() {
+  for (size_t w = 0; w < g->wg_regs_want.size(); ++w) {
+    const unsigned want = g->wg_regs_want[w];
+    if (!want || g->reg_pool < (uint64_t)(want - g->wg_regs[w]) * 128) continue;
+    g->reg_pool -= (uint64_t)(want - g->wg_regs[w]) * 128;
+    g->wg_regs[w] = want;
+    g->wg_regs_want[w] = 0;
+    for (auto& t : g->threads)
+      if (!t.done && t.wait == ThreadState::Wait::Regs && t.wait_key == w) wake(t);
+  }
+}
+
+// The warpgroup's last thread to arrive: in[0] = the count, in[1] = 1 for .inc.
+static void setmaxnreg_wg(LaneIo* l, uint64_t, uint64_t, void*) {
+  const unsigned regs = l[0].in[0];
+  const bool inc = l[0].in[1] != 0;
+  for (int t = 1; t < 128; ++t)
+    if (l[t].in[0] != regs) fail("setmaxnreg.%s: thread %d of the warpgroup asks %u registers, thread 0 %u", inc ? "inc" : "dec", t, l[t].in[0], regs);
+  const unsigned w = g->cur->tid / 128;
+  unsigned& held = g->wg_regs[w];
+  // PTX ISA, setmaxnreg: .dec lowers the count, .inc raises it; anything else is undefined.
+  if (inc ? regs < held : regs > held)
+    fail("setmaxnreg.%s %u in warpgroup %u, which holds %u registers per thread: .%s must not %s the count", inc ? "inc" : "dec", regs, w,
+         held, inc ? "inc" : "dec", inc ? "lower" : "raise");
+  if (inc) {
+    g->wg_regs_want[w] = regs;
+  } else {
+    g->reg_pool += (uint64_t)(held - regs) * 128;
+    held = regs;
+  }
+  grant_registers();
+}
+
+void setmaxnreg(bool inc, unsigned regs) {
+  LaneIo io;
+  io.in[0] = regs;
+  io.in[1] = inc;
+  warpgroup_collective(Op::SetMaxNreg, inc ? "setmaxnreg.inc" : "setmaxnreg.dec", io, setmaxnreg_wg, nullptr);
+  CoreScope scope;
+  note_core_call();
+  const unsigned w = g->cur->tid / 128;
+  // Until the pool covers the request (a .dec elsewhere grants it); the scheduler reports a
+  // request nothing can still meet as a deadlock.
+  while (g->wg_regs_want[w]) block(ThreadState::Wait::Regs, w, g->wg_regs_want[w], "setmaxnreg.inc");
 }
 
 int cta_barrier(unsigned id, unsigned count, bool wait, int vote) {

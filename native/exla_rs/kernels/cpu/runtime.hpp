@@ -72,6 +72,18 @@ void warp_collective(Op op, unsigned mask, const char* site, LaneIo& io, Collect
 // wgmma and setmaxnreg are .sync.aligned).
 void warpgroup_collective(Op op, const char* site, LaneIo& io, CollectiveFn fn, void* ctx);
 
+// setmaxnreg.{dec,inc}.sync.aligned (a warpgroup collective): the warpgroup's registers per thread
+// become `regs`. The block starts with every warpgroup holding the launch count (what ptxas gives
+// __launch_bounds__(blockDim, 1), the bound every setmaxnreg kernel here declares) and an empty
+// pool; .dec returns (held - regs) x 128 to the pool, .inc waits until the pool holds
+// (regs - held) x 128 and takes it. A warp that exits returns nothing to the pool (on an H200 the
+// sm90 forward's three idle producer warps exit at once, yet its consumers waited forever). A
+// request nothing can still meet fails the launch as a deadlock with the pool's numbers.
+void setmaxnreg(bool inc, unsigned regs);
+// Registers per thread ptxas gives a kernel declared __launch_bounds__(threads, 1) (kernels/sm90/
+// hopper.cuh, launch_reg_cap: the same rule).
+unsigned launch_reg_cap(unsigned threads);
+
 // CTA barriers (bar.sync / bar.arrive; id 0 with every thread is __syncthreads). `count` threads
 // must arrive; `wait` = false only signals. `vote` (for __syncthreads_or/and/count) is added up
 // over the arrivals and returned to the waiters.

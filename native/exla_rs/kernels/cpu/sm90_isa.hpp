@@ -94,20 +94,19 @@ EXLA_RS_SM90 void tma_prefetch_map(const TensorMap* map) { (void)tensor_map(map,
 // the generic-proxy writes by the mbarrier or issue that starts them (which ThreadSanitizer checks).
 EXLA_RS_SM90 void fence_proxy_async_smem() {}
 
-// setmaxnreg.{inc,dec}.sync.aligned: a warpgroup-wide instruction; registers are not modelled,
-// but every thread of the warpgroup must execute it together.
+// setmaxnreg.{inc,dec}.sync.aligned: a warpgroup-wide instruction moving registers between the
+// warpgroup and the block's pool (the runtime models the pool: an .inc the pool can never cover
+// is a deadlock, as it hangs on the GPU).
 inline void nothing_wg(gs::LaneIo*, uint64_t, uint64_t, void*) {}
 template <int kRegs>
 EXLA_RS_SM90 void regs_release() {
   static_assert(kRegs % 8 == 0 && kRegs >= 24 && kRegs <= 256, "setmaxnreg: a multiple of 8 in 24..256");
-  gs::LaneIo io;
-  gs::warpgroup_collective(gs::Op::SetMaxNreg, "setmaxnreg.dec", io, nothing_wg, nullptr);
+  gs::setmaxnreg(false, kRegs);
 }
 template <int kRegs>
 EXLA_RS_SM90 void regs_claim() {
   static_assert(kRegs % 8 == 0 && kRegs >= 24 && kRegs <= 256, "setmaxnreg: a multiple of 8 in 24..256");
-  gs::LaneIo io;
-  gs::warpgroup_collective(gs::Op::SetMaxNreg, "setmaxnreg.inc", io, nothing_wg, nullptr);
+  gs::setmaxnreg(true, kRegs);
 }
 
 // bar.sync / bar.arrive with an id and a thread count.

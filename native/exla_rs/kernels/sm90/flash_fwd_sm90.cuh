@@ -3,16 +3,17 @@
 //
 // Block = 384 threads, one block per SM, persistent over the work tiles (128 query rows of one
 // head of one batch row), heaviest (causal: last) query tiles first.
-//   warpgroup 0 (producer, 40 registers): warp 0 loads Q once per tile and K/V tiles into a ring
-//     of kStages shared-memory stages with TMA (cp.async.bulk.tensor, SWIZZLE_128B), each
-//     completing on an mbarrier; it zeroes the V rows past kv_len (the tensor cores multiply
-//     P = 0 by them, and 0 * NaN = NaN) before it hands such a stage over.
-//   warpgroups 1 and 2 (consumers, 232 registers each): 64 query rows each. S = Q K^T with wgmma
-//     SS (both operands K-major in shared memory), softmax in registers (exp2 domain, masks only
-//     on tiles that straddle a bound), O += P V with wgmma RS: P is the S accumulator re-packed in
-//     registers, V is read MN-major (transposed by the instruction). Each consumer issues the
-//     next S product and the previous P V product together, inside its turn (a named-barrier
-//     ping-pong), then does its softmax while the other consumer's products run.
+//   warpgroup 0 (producer, 56 registers; 40 at D = 256): warp 0 loads Q once per tile and K/V
+//     tiles into a ring of kStages shared-memory stages with TMA (cp.async.bulk.tensor,
+//     SWIZZLE_128B), each completing on an mbarrier; it zeroes the V rows past kv_len (the tensor
+//     cores multiply P = 0 by them, and 0 * NaN = NaN) before it hands such a stage over.
+//   warpgroups 1 and 2 (consumers, 224 registers each; 232 at D = 256): 64 query rows each.
+//     S = Q K^T with wgmma SS (both operands K-major in shared memory), softmax in registers (exp2
+//     domain, masks only on tiles that straddle a bound), O += P V with wgmma RS: P is the S
+//     accumulator re-packed in registers, V is read MN-major (transposed by the instruction).
+//     Each consumer issues the next S product and the previous P V product together, inside its
+//     turn (a named-barrier ping-pong), then does its softmax while the other consumer's products
+//     run.
 // Semantics are the contract's (docs/flash-attention-contract.md) without the optional operands:
 // the launcher (src/sm90.rs) keeps calls with key_mask / bias / ALiBi / dropout on mma.sync.
 #pragma once
@@ -37,9 +38,20 @@ struct FwdTraits {
   static constexpr int kColBlocks = D / 64;  // 64-element (128-byte) column blocks per tile row
   static constexpr int kQBytes = kBlockM * D * 2;
   static constexpr int kKVBytes = kBlockN * D * 2;
-  // The V inspection loop needs more than 40 registers; D = 256 consumers need 232.
-  static constexpr int kProducerRegs = D == 256 ? 48 : 56;
-  static constexpr int kConsumerRegs = D == 256 ? 232 : 224;  // 128 * P + 256 * C <= 65536
+  // Register split (setmaxnreg). The block starts with kLaunchRegs per thread; the producer
+  // warpgroup gives (kLaunchRegs - P) * 128 back to the block's pool and each consumer takes
+  // (C - kLaunchRegs) * 128 from it. setmaxnreg.inc waits until the pool holds its request, so a
+  // split that asks more than the launch pool hangs every call (48/232 did at D = 256 on an
+  // H200). D = 256 consumers spill at 224 and the producer at 40 needs its V inspection loop's
+  // rare path rolled (fwd_producer); sass_stats.py --check-regpool reads the same sum from the
+  // cubins, and the executor (kernels/cpu) models the pool.
+  static constexpr int kLaunchRegs = launch_reg_cap(kThreads);
+  static constexpr int kProducerRegs = D == 256 ? 40 : 56;
+  static constexpr int kConsumerRegs = D == 256 ? 232 : 224;
+  static_assert(128 * kProducerRegs + 128 * kConsumers * kConsumerRegs <= kThreads * kLaunchRegs,
+                "setmaxnreg: the producer/consumer split asks more registers than the block holds at launch");
+  static_assert(kProducerRegs % 8 == 0 && kConsumerRegs % 8 == 0 && kProducerRegs >= 24 && kConsumerRegs <= 256,
+                "setmaxnreg: a multiple of 8 in 24..256");
   // Shared memory: Q | K stages | V stages | mbarriers, every tile 1024-byte aligned (swizzle atom).
   static constexpr int kQOffset = 0;
   static constexpr int kKOffset = kQOffset + kQBytes;
@@ -228,21 +240,27 @@ EXLA_RS_SM90 void fwd_producer(const FwdParams& p, const TensorMap* tq, const Te
           Chunk16* block = reinterpret_cast<Chunk16*>(v_dst + c * Tr::kBlockN * kSwizzleRowBytes);
           // Whole 128-byte rows past kv_len: the swizzle permutes chunks within a row, so row r
           // of a column block is chunks [8r, 8r + 8) whatever the swizzle.
+          // The producer runs on 40 registers at D = 256: this loop stays rolled, and a chunk with
+          // inf/NaN lists its elements from a bit mask in a rolled loop (unrolled per element, the
+          // listing spilled there).
+#pragma unroll 1
           for (int x = keep * 8 + lane; x < Tr::kBlockN * 8; x += 32) block[x] = Chunk16{0, 0, 0, 0};
           for (int x = lane; x < keep * 8; x += 32) {
             Chunk16 ch = block[x];
-            if (!nonfinite_chunk<T>(ch)) continue;
-            const int r = x / 8, chunk = (x % 8) ^ (r % 8);  // un-swizzle: the logical 16-byte chunk
             const unsigned words[4] = {ch.x, ch.y, ch.z, ch.w};
+            unsigned bad = 0;  // bit k: element k of the chunk is inf/NaN
 #pragma unroll
-            for (int k = 0; k < 8; ++k) {  // unrolled: `words` stays in registers
-              if (!nonfinite1<T>(static_cast<unsigned short>(words[k / 2] >> (16 * (k % 2))))) continue;
-              const int slot = atomicAdd(&ps->count, 1);
-              if (slot < Tr::kMaxPoison) ps->entry[slot] = (static_cast<unsigned>(r) << 16) | (c * 64 + chunk * 8 + k);
-              atomicOr(&ps->keys[r / 32], 1u << (r % 32));
-            }
+            for (int k = 0; k < 8; ++k)
+              bad |= nonfinite1<T>(static_cast<unsigned short>(words[k / 2] >> (16 * (k % 2)))) ? 1u << k : 0u;
+            if (!bad) continue;
             zero_nonfinite_chunk<T>(ch);
             block[x] = ch;
+            const int r = x / 8;
+            // (key << 16) | head-dim column of element 0 of the logical (un-swizzled) chunk.
+            const unsigned base = (static_cast<unsigned>(r) << 16) | (c * 64 + ((x % 8) ^ (r % 8)) * 8);
+            atomicOr(&ps->keys[r / 32], 1u << (r % 32));
+            int slot = atomicAdd(&ps->count, __popc(bad));
+            for (; bad && slot < Tr::kMaxPoison; bad &= bad - 1, ++slot) ps->entry[slot] = base + __ffs(bad) - 1;
           }
         }
         fence_proxy_async_smem();

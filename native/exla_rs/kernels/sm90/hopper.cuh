@@ -11,6 +11,12 @@ namespace sm90 {
 
 typedef unsigned long long u64;
 
+// Registers per thread ptxas gives a kernel declared __launch_bounds__(threads, 1): the 64K
+// register file over the threads, in the allocation unit of 8, at most 255 (checked against
+// cuobjdump's REG for 128..1024 threads; 384 -> 168). setmaxnreg moves registers within that
+// block-wide pool: sass_stats.py --check-regpool and the executor (kernels/cpu) use the same rule.
+constexpr int launch_reg_cap(int threads) { return 65536 / threads / 8 * 8 < 255 ? 65536 / threads / 8 * 8 : 255; }
+
 // The driver's CUtensorMap: 128 opaque bytes, 64-byte aligned by the driver's declaration; we ask
 // for 128 as the issue's ABI note does (the kernel parameter is copied as is, so a stricter
 // alignment costs nothing). Encoded on the host by cuTensorMapEncodeTiled (src/sm90.rs) and passed

@@ -61,8 +61,10 @@ EXLA_RS_SM90 void tma_prefetch_map(const TensorMap* map) {
 EXLA_RS_SM90 void fence_proxy_async_smem() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
 
 // ---------------------------------------------------------------------------------------------
-// Register budgets (setmaxnreg): the producer warpgroup gives registers back, the consumers take
-// them. Counts are multiples of 8; the kernel must start with a cap (__launch_bounds__(n, 1)).
+// Register budgets (setmaxnreg): the producer warpgroup gives registers back to the block's pool,
+// the consumers take them from it. Counts are multiples of 8; the kernel must start with a cap
+// (__launch_bounds__(n, 1)), and the counts must fit the pool it gives (launch_reg_cap(n) x n,
+// FwdTraits asserts it): .inc retries until the pool holds its request, forever if it never will.
 
 template <int kRegs>
 EXLA_RS_SM90 void regs_release() {

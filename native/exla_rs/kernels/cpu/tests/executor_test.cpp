@@ -2,7 +2,8 @@
 // CPU's own F16C conversions, float64 matrix products of operands placed by the ISA's fragment
 // tables) and the executor's checks on small kernels written here (divergent collectives, a mask
 // that excludes its lane, deadlocks on a CTA barrier and on an mbarrier, cp.async data that lands
-// only at its wait, __trap). With an argument it runs one kernel that a sanitizer must catch:
+// only at its wait, __trap, setmaxnreg splits that fit the block's register pool and one that
+// does not). With an argument it runs one kernel that a sanitizer must catch:
 // `--race` (two threads write one shared word unordered: ThreadSanitizer), `--block_race` (two
 // blocks write one global word: ThreadSanitizer, however each block orders itself), `--oob` (a store one
 // byte past the dynamic shared memory: AddressSanitizer); run_executor_test.sh checks they fail.
@@ -17,6 +18,7 @@
 #include "../device.hpp"
 #include "../exec.h"
 #include "../kernel_table.hpp"
+#include "../../sm90/hopper.cuh"  // regs_release / regs_claim: the wrappers the sm90 kernels call
 
 using namespace exla_rs;
 
@@ -125,6 +127,22 @@ extern "C" void test_mbar_deadlock(const Empty) {
 }
 EXLA_RS_KERNEL_ENTRY(test_mbar_deadlock)
 
+// setmaxnreg against the block's register pool, shaped like the sm90 forward: 384 threads start
+// with 168 registers each (__launch_bounds__(384, 1): 64512 in all), the producer warpgroup drops
+// to P, the two others ask C. 40/232 fits exactly (the producer last, so both .inc wait for its
+// .dec); 48/232 (the D = 256 split that hung on an H200) leaves the second consumer 1024 short.
+template <int kProducer, int P, int C>
+void regs_split() {
+  if (threadIdx.x / 128 == kProducer)
+    exla_rs::sm90::regs_release<P>();
+  else
+    exla_rs::sm90::regs_claim<C>();
+}
+extern "C" void test_regs_fit(const Empty) { regs_split<2, 40, 232>(); }
+EXLA_RS_KERNEL_ENTRY(test_regs_fit)
+extern "C" void test_regs_overdraw(const Empty) { regs_split<0, 48, 232>(); }
+EXLA_RS_KERNEL_ENTRY(test_regs_overdraw)
+
 struct CpArgs {
   const unsigned* src;  // 4 words
   unsigned* seen;       // before the wait, after it
@@ -226,7 +244,7 @@ namespace exla_rs_gpusim {
 static const KernelEntry kTests[] = {ROW(test_mma),          ROW(test_vote),         ROW(test_divergent), ROW(test_mask),
                                      ROW(test_barrier_deadlock), ROW(test_mbar_deadlock), ROW(test_cp_async),  ROW(test_trap),
                                      ROW(test_race),         ROW(test_ordered),      ROW(test_oob),       ROW(test_two_copies),
-                                     ROW(test_block_race)};
+                                     ROW(test_block_race),   ROW(test_regs_fit),     ROW(test_regs_overdraw)};
 const KernelEntry* find_kernel(const char* name) {
   for (const auto& k : kTests)
     if (strcmp(k.name, name) == 0) return &k;
@@ -381,6 +399,15 @@ int main(int argc, char** argv) {
   expect_error("test_barrier_deadlock", 64, 0, {"deadlock", "barrier 0", "63 of 64"});
   expect_error("test_mbar_deadlock", 32, 128, {"deadlock", "mbarrier at shared offset 0x0", "parity 0"});
   expect_error("test_trap", 32, 0, {"__trap", "thread 3"});
+  expect_error("test_regs_overdraw", 384, 0,
+               {"test_regs_overdraw", "deadlock in block (0,0,0)", "setmaxnreg.inc 232 in warpgroup 2 can never complete",
+                "asks (232 - 168) x 128 = 8192", "pool, which holds 7168", "168 registers x 384 threads = 64512",
+                "warpgroups hold 48/232/168"});
+  {
+    Empty e{0};
+    const std::string err = launch("test_regs_fit", 384, 0, &e);
+    CHECK(err.empty(), "test_regs_fit: %s", err.c_str());
+  }
   {
     unsigned src[4] = {0x11111111u, 2, 3, 4}, seen[2] = {0, 0};
     CpArgs p{src, seen};
