@@ -74,11 +74,17 @@ defmodule ExlaRs.MixProject do
           "docs/getting-started.md",
           "docs/flash-attention-contract.md",
           "docs/bumblebee.md",
-          "docs/performance.md"
+          "docs/performance.md",
+          # Their own page names: the guides already have bumblebee.html and performance.html.
+          {"notebooks/getting_started.livemd", filename: "notebook-getting-started", title: "Getting started (notebook)"},
+          {"notebooks/bumblebee.livemd", filename: "notebook-bumblebee", title: "Bumblebee (notebook)"},
+          {"notebooks/performance.livemd", filename: "notebook-performance", title: "Performance (notebook)"}
         ]
-        |> Enum.filter(&File.exists?/1),
+        |> Enum.filter(fn extra -> File.exists?(if is_tuple(extra), do: elem(extra, 0), else: extra) end),
       groups_for_extras: [
         Guides: ~r"docs/(getting-started|bumblebee|performance)",
+        # Livebook notebooks (test/notebooks runs every cell of each in CI).
+        Notebooks: ~r"notebooks/",
         Reference: ~r"docs/flash-attention-contract"
       ],
       groups_for_modules: [

@@ -20,12 +20,13 @@ the compile) excluded, best of --reps runs of --iters calls. Inputs are fresh ra
     python3 bench/bench_cuda.py --deadline 500 (rows not started by then: "skipped (deadline)")
 
 Our forward has two kernel sets (issues 14, 22): `mma` = the mma.sync kernels, `sm90` = the Hopper
-(wgmma/TMA) forward, opt-in; `auto` (the default) runs mma.sync until the sm90 forward is verified
-on hardware (AUTO_PICKS_SM90 in crates/exla-rs-cuda/src/sm90.rs). The backward is mma.sync under
+(wgmma/TMA) forward wherever it applies; `auto` (the default) runs sm90 for the (dtype, head dim)
+pairs verified on Hopper hardware (AUTO_SM90_VERIFIED in crates/exla-rs-cuda/src/sm90.rs) and
+mma.sync for the rest. The backward is mma.sync under
 every setting. --paths times the chosen settings side by side on the same inputs (EXLA_RS_CUDA_PATH
 is read at every call, so the benchmark switches it between runs); the bar is judged on `auto`, and
-a table gives each other path's time / auto. sm90 at D=256 is skipped (every such call hangs on an
-H200: shared/design/facts.md; --sm90-dims overrides).
+a table gives each other path's time / auto. --sm90-dims limits the head dims the sm90 path is
+timed at (D=256 hung before its register split was fixed: bench/RESULTS.md, 2026-11-27).
 
 --quick (issue 31): bf16, D 64 and 128, S 4096 and 16384, causal and not, forward and backward;
 ours with EXLA_RS_CUDA_PATH=mma and =sm90 beside PyTorch FA2, PyTorch cuDNN and jax cuDNN (no XLA
@@ -366,7 +367,7 @@ def bench_prefill(run, gpu, d, causal, s, paths, iters, reps, with_xla, sm90_dim
     impls = jax_impls(causal, scale)
     for path in paths:
         if path == "sm90" and d not in sm90_dims:
-            run.note_row("prefill", key(OURS_SM90), f"skipped (sm90 at D={d} hangs; --sm90-dims)")
+            run.note_row("prefill", key(OURS_SM90), f"skipped (D={d} not in --sm90-dims)")
             continue
 
         def one(path=path):
@@ -619,7 +620,7 @@ def main():
     ap.add_argument("--no-decode", action="store_true")
     ap.add_argument("--decode-sk", default="4096,32768", help="decode KV lengths (B=8)")
     ap.add_argument("--paths", default=None, help="our kernel choices to time: auto, mma, sm90 (default auto,mma; --quick: mma,sm90)")
-    ap.add_argument("--sm90-dims", default="64,128", help="head dims at which the sm90 path runs (D=256 hangs)")
+    ap.add_argument("--sm90-dims", default="64,128,256", help="head dims at which the sm90 path is timed")
     ap.add_argument("--deadline", type=float, default=None,
                     help="seconds from the start after which rows are skipped (default none; --quick: 110)")
     ap.add_argument("--selftest", action="store_true", help="check the report logic without a GPU")

@@ -54,13 +54,25 @@ defmodule ExlaRs do
   # -- Attention API (owned by the Nx layer: ExlaRs.Attention, ExlaRs.CustomCall) -----------
   # Only with Nx (an optional dependency; Nx needs Elixir >= 1.17).
   if Code.ensure_loaded?(Nx) do
-    @doc """
-    Fused scaled-dot-product attention, `{batch, seq, heads, head_dim}` layout: returns `o`.
-    Works eagerly and in `defn`; see `ExlaRs.Attention` for the options.
-    """
-    defdelegate attention(q, k, v, opts \\ []), to: ExlaRs.Attention
+    # Transforms, not plain functions: `defn` only calls functions defined with defn or
+    # deftransform (a `defdelegate` raises "cannot invoke ... inside defn"). Quoted and evaluated
+    # here rather than written inline: an `import Nx.Defn` in this branch would be expanded even
+    # where Nx is absent, and exla_rs must compile without it (user_project_test.exs).
+    Code.eval_quoted(
+      quote do
+        import Nx.Defn, only: [deftransform: 2]
 
-    @doc "Like `attention/4`, also returning `lse`: `{o, lse}`. See `ExlaRs.Attention`."
-    defdelegate attention_with_lse(q, k, v, opts \\ []), to: ExlaRs.Attention
+        @doc """
+        Fused scaled-dot-product attention, `{batch, seq, heads, head_dim}` layout: returns `o`.
+        Works eagerly and in `defn`; see `ExlaRs.Attention` for the options.
+        """
+        deftransform attention(q, k, v, opts \\ []), do: ExlaRs.Attention.attention(q, k, v, opts)
+
+        @doc "Like `attention/4`, also returning `lse`: `{o, lse}`. See `ExlaRs.Attention`."
+        deftransform attention_with_lse(q, k, v, opts \\ []), do: ExlaRs.Attention.attention_with_lse(q, k, v, opts)
+      end,
+      [],
+      __ENV__
+    )
   end
 end

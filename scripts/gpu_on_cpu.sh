@@ -9,7 +9,8 @@
 #   build        the gpu-on-cpu handler library (exla-rs-xla --features gpu-on-cpu) in its own
 #                target dir, so the release library never carries the executor
 #   rust         the crates' gpu-on-cpu tests (launch code on Stream::GpuSim vs the Host kernels)
-#   tests-mma    test/gpu through real XLA (jax 0.10.2, cpu device), the default kernel set
+#   tests-mma    test/gpu through real XLA (jax 0.10.2, cpu device) on the mma.sync kernel set
+#                (EXLA_RS_CUDA_PATH=mma: the executor is a 9.0 device, where auto runs sm90 for some calls)
 #   tests-sm90   the same with EXLA_RS_CUDA_PATH=sm90 (the sm90 forward wherever it applies)
 #   tsan         the sanitizer harness (examples/gpu_on_cpu_check: every kernel image) with the
 #   asan         executor and kernels built under ThreadSanitizer / AddressSanitizer
@@ -84,9 +85,9 @@ step_tests_mma() {
   # coverage test on the union of the kernels they launched; the last line sums the three runs.
   local dir=$LOGS/tests-mma.shards rc=0
   rm -rf "$dir" && mkdir -p "$dir"
-  mma_shard() { pytest_gpu EXLA_RS_CUDA_PATH=auto EXLA_RS_TEST_SHARD="$1/$JOBS" EXLA_RS_TEST_LAUNCHES_DIR="$dir"; }
+  mma_shard() { pytest_gpu EXLA_RS_CUDA_PATH=mma EXLA_RS_TEST_SHARD="$1/$JOBS" EXLA_RS_TEST_LAUNCHES_DIR="$dir"; }
   run_shards "$dir" mma_shard || rc=1
-  pytest_gpu EXLA_RS_CUDA_PATH=auto EXLA_RS_TEST_LAUNCHES_DIR="$dir" -k test_every_kernel_was_launched >"$dir/coverage.log" 2>&1 || rc=1
+  pytest_gpu EXLA_RS_CUDA_PATH=mma EXLA_RS_TEST_LAUNCHES_DIR="$dir" -k test_every_kernel_was_launched >"$dir/coverage.log" 2>&1 || rc=1
   echo "--- coverage"; cat "$dir/coverage.log"
   sum_counts "$dir"/*.log
   return $rc

@@ -80,8 +80,10 @@ defmodule ExlaRs.Attention do
 
     Any combination of the options works. Under EXLA, the `:host` and `:cuda`
     clients run every option in their native kernels (on Hopper the sm_90a forward
-    takes calls without optional operands; calls with them run the mma.sync
-    forward). `ExlaRs.CustomCall` asks the native library what each platform runs
+    takes the bf16 D = 64/128 and f16 D = 128 calls without optional operands,
+    the pairs verified there, and with `EXLA_RS_CUDA_PATH=sm90` every f16/bf16
+    D = 64/128/256 call without one; other calls run the mma.sync forward;
+    `ExlaRs.status/0` says which runs). `ExlaRs.CustomCall` asks the native library what each platform runs
     (`ExlaRs.CustomCall.features/1`); a call a platform cannot run (`:f64`, a head
     dim no CUDA kernel has) runs on the Nx fallback, which computes the same function.
 

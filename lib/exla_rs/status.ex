@@ -10,7 +10,7 @@ defmodule ExlaRs.Status do
     * `:targets` - `[%{name:, platform:, symbol:}]`
     * `:cuda` - `%{available: false, reason:}` without a driver or GPU, otherwise
       `%{available: true, driver_version:, devices: [%{ordinal:, name:, compute_capability:,
-      total_memory_bytes:}]}`; both with `forward_path`: which kernel set runs forward calls
+      total_memory_bytes:}]}`; both with `forward_path`: which kernel set runs which forward calls
       (mma.sync or the Hopper sm90 forward) under `EXLA_RS_CUDA_PATH`, and why
     * `:kernels` - how the CUDA kernels were built: `embedded_archs`, `ptx_arch`,
       `nvcc_version`, `nvrtc_fallback`, `nvrtc_available`, `kernel_files`, `note`

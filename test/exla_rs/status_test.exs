@@ -54,11 +54,14 @@ defmodule ExlaRs.StatusTest do
         end
     end
 
-    # Which forward kernel set runs, and why: auto keeps the unverified sm90 forward off.
+    # Which forward kernel set runs for what, and why: auto takes the sm90 forward only on
+    # compute capability 9.0, for the pairs verified there (sm90.rs AUTO_SM90_VERIFIED).
     assert is_binary(cuda.forward_path)
 
     if System.get_env("EXLA_RS_CUDA_PATH") in [nil, "", "auto"] do
-      assert cuda.forward_path =~ "mma.sync (auto)"
+      hopper = Enum.any?(cuda.devices, &(&1.compute_capability == {9, 0}))
+      assert cuda.forward_path =~ if(hopper, do: "sm90 (wgmma/TMA)", else: "mma.sync (auto)")
+      assert cuda.forward_path =~ "bf16 D=64/128 and f16 D=128"
       assert cuda.forward_path =~ "EXLA_RS_CUDA_PATH=sm90"
     end
 

@@ -10,6 +10,15 @@ defmodule ExlaRs.AttentionTest do
 
   @cases 0..119
 
+  # A `defn` body may call only defn functions and transforms: ExlaRs.attention/4 and
+  # attention_with_lse/4 were plain delegates, which `defn` refuses ("cannot invoke ...").
+  defmodule InDefn do
+    import Nx.Defn
+
+    defn causal(q, k, v), do: ExlaRs.attention(q, k, v, causal: true)
+    defn with_lse(q, k, v), do: ExlaRs.attention_with_lse(q, k, v, window_size: {3, 0})
+  end
+
   describe "the Nx fallback against the float64 reference" do
     test "random cases over every option, type and shape" do
       for seed <- @cases do
@@ -50,6 +59,12 @@ defmodule ExlaRs.AttentionTest do
 
         assert eager == jitted
       end
+    end
+
+    test "attention/4 and attention_with_lse/4 inside a defn module" do
+      {q, k, v, _} = Ref.random_case(3, [{:f, 32}])
+      assert InDefn.causal(q, k, v) == ExlaRs.attention(q, k, v, causal: true)
+      assert InDefn.with_lse(q, k, v) == ExlaRs.attention_with_lse(q, k, v, window_size: {3, 0})
     end
 
     test "a query that sees no key gives o = 0 and lse = -inf, never NaN" do

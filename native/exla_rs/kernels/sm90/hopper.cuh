@@ -15,7 +15,7 @@ typedef unsigned long long u64;
 // register file over the threads, in the allocation unit of 8, at most 255 (checked against
 // cuobjdump's REG for 128..1024 threads; 384 -> 168). setmaxnreg moves registers within that
 // block-wide pool: sass_stats.py --check-regpool and the executor (kernels/cpu) use the same rule.
-constexpr int launch_reg_cap(int threads) { return 65536 / threads / 8 * 8 < 255 ? 65536 / threads / 8 * 8 : 255; }
+__host__ __device__ constexpr int launch_reg_cap(int threads) { return 65536 / threads / 8 * 8 < 255 ? 65536 / threads / 8 * 8 : 255; }
 
 // The driver's CUtensorMap: 128 opaque bytes, 64-byte aligned by the driver's declaration; we ask
 // for 128 as the issue's ABI note does (the kernel parameter is copied as is, so a stricter

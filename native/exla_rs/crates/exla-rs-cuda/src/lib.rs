@@ -30,7 +30,7 @@ pub use driver::{status, CudaDevice, CudaStatus};
 pub use exec::Stream;
 pub use launch::{backward, forward};
 pub use params::{bias_strides, extra_params, ExtraParams};
-pub use sm90::{forward_path_summary, sm90_forward_kernel, PathOverride, AUTO_PICKS_SM90, SM90_HEAD_DIMS};
+pub use sm90::{forward_path_summary, sm90_forward_kernel, PathOverride, AUTO_SM90_VERIFIED, SM90_HEAD_DIMS};
 
 /// The GPU-on-CPU executor itself (simulated device memory, bank statistics).
 #[cfg(feature = "gpu-on-cpu")]

@@ -4,13 +4,14 @@
 //! mma.sync kernels (launch.rs), and so does the backward.
 //!
 //! `EXLA_RS_CUDA_PATH` (read at every forward call, so a benchmark can switch it between runs):
-//! unset / `auto` = the mma.sync kernels, because the sm90 forward has not yet passed `test/gpu`
-//! and compute-sanitizer on Hopper hardware (issue 22: no unverified default; flip [`AUTO_PICKS_SM90`]
-//! once it has); `sm90` = opt in: the sm90 forward wherever it applies (compute capability 9.0,
-//! f16/bf16, D = 64/128/256, no optional operand), mma.sync for every other call; `mma` = always
-//! the mma.sync kernels. The backward has only the mma.sync path. Calls with no query rows or no
-//! keys run on mma.sync under every setting: no tensor map describes an empty tensor, and the
-//! mma.sync kernels already write their `o = 0`, `lse = -inf`.
+//! unset / `auto` = the sm90 forward for the (dtype, head dim) pairs of [`AUTO_SM90_VERIFIED`],
+//! those that have passed `test/gpu` and every compute-sanitizer tool on Hopper hardware (issue 22:
+//! no unverified default), mma.sync for every other call; `sm90` = opt in: the sm90 forward
+//! wherever it applies (compute capability 9.0, f16/bf16, D = 64/128/256, no optional operand),
+//! verified or not, mma.sync for every other call; `mma` = always the mma.sync kernels. The
+//! backward has only the mma.sync path. Calls with no query rows or no keys run on mma.sync under
+//! every setting: no tensor map describes an empty tensor, and the mma.sync kernels already write
+//! their `o = 0`, `lse = -inf`.
 
 use crate::exec::Device;
 use crate::params::FwdParams;
@@ -19,9 +20,22 @@ use exla_rs_attn::{AttnError, AttnShape, ElementType};
 use std::ffi::c_void;
 use std::sync::OnceLock;
 
-/// Whether `auto` takes the sm90 forward where it applies. False until the sm90 forward has passed
-/// `test/gpu/run_gpu_checks.sh` (tests and compute-sanitizer) on real Hopper hardware.
-pub const AUTO_PICKS_SM90: bool = false;
+/// The (dtype, head dim) pairs that `auto` runs on the sm90 forward on compute capability 9.0
+/// (other calls of the pair's kind still need everything [`sm90_supports`] asks: no optional
+/// operand, TMA's stride limit, a non-empty call). The rule: a pair joins only after
+/// `test/gpu/run_gpu_checks.sh` has passed on it on Hopper hardware with `EXLA_RS_CUDA_PATH=sm90`,
+/// both `test/gpu` AND all four compute-sanitizer tools (memcheck, racecheck, synccheck,
+/// initcheck) on its sm90 forward; each entry says when, where and what passed. f16 D=64 and both
+/// D=256 pairs wait for the next GPU's sanitizer pass (they passed `test/gpu` and memcheck; the
+/// other tools crashed or did not finish).
+pub const AUTO_SM90_VERIFIED: &[(ElementType, usize)] = &[
+    // 2026-11-27, NVIDIA H200 (40/232 register split): test/gpu 582 passed; memcheck, racecheck, synccheck, initcheck clean.
+    (ElementType::BF16, 64),
+    // 2026-11-27, NVIDIA H200 (40/232 register split): test/gpu 582 passed; memcheck, racecheck, synccheck, initcheck clean.
+    (ElementType::BF16, 128),
+    // 2026-11-27, NVIDIA H200 (40/232 register split): test/gpu 582 passed; memcheck, racecheck, synccheck, initcheck clean.
+    (ElementType::F16, 128),
+];
 
 /// Head dims with an sm90 instantiation (kernels/sm90/generate.py).
 pub const SM90_HEAD_DIMS: [usize; 3] = [64, 128, 256];
@@ -36,7 +50,7 @@ pub enum FwdPath {
 /// The `EXLA_RS_CUDA_PATH` setting.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PathOverride {
-    /// Unset or `auto`: the verified default ([`AUTO_PICKS_SM90`]).
+    /// Unset or `auto`: the sm90 forward for the verified pairs ([`AUTO_SM90_VERIFIED`]) only.
     Auto,
     /// `mma`: the mma.sync kernels for every call.
     ForceMma,
@@ -58,10 +72,10 @@ impl PathOverride {
         PathOverride::parse(std::env::var("EXLA_RS_CUDA_PATH").ok().as_deref())
     }
 
-    /// Whether this setting takes the sm90 forward on calls it applies to.
-    fn wants_sm90(self) -> bool {
+    /// Whether this setting takes the sm90 forward for this dtype and head dim, on calls it applies to.
+    fn wants_sm90(self, dtype: ElementType, head_dim: usize) -> bool {
         match self {
-            Self::Auto => AUTO_PICKS_SM90,
+            Self::Auto => AUTO_SM90_VERIFIED.contains(&(dtype, head_dim)),
             Self::ForceMma => false,
             Self::OptInSm90 => true,
         }
@@ -93,32 +107,76 @@ pub fn sm90_supports(cc: (i32, i32), dtype: ElementType, shape: &AttnShape, has_
 /// The forward's kernel set for a call: a pure function of the device, the call and the setting.
 pub fn choose_forward(cc: (i32, i32), dtype: ElementType, shape: &AttnShape, has_optional_operands: bool, setting: PathOverride) -> FwdPath {
     let empty = shape.seq_q == 0 || shape.seq_k == 0 || shape.batch == 0;
-    if !empty && setting.wants_sm90() && sm90_supports(cc, dtype, shape, has_optional_operands).is_ok() {
+    if !empty && setting.wants_sm90(dtype, shape.head_dim) && sm90_supports(cc, dtype, shape, has_optional_operands).is_ok() {
         FwdPath::Sm90
     } else {
         FwdPath::MmaSync
     }
 }
 
+/// "bf16 D=64/128 and f16 D=128": the pairs, grouped by dtype in table order.
+fn pair_list(pairs: &[(ElementType, usize)]) -> String {
+    let mut groups: Vec<(ElementType, Vec<String>)> = Vec::new();
+    for &(dt, d) in pairs {
+        match groups.iter_mut().find(|(t, _)| *t == dt) {
+            Some((_, ds)) => ds.push(d.to_string()),
+            None => groups.push((dt, vec![d.to_string()])),
+        }
+    }
+    let v: Vec<String> = groups.iter().map(|(dt, ds)| format!("{} D={}", dt.name(), ds.join("/"))).collect();
+    v.join(" and ")
+}
+
+/// The sm90 instantiations `auto` leaves on mma.sync, by head dim: "f16 D=64, D=256" (no dtype = both).
+fn unverified_list() -> String {
+    let mut v = Vec::new();
+    for d in SM90_HEAD_DIMS {
+        let dts: Vec<ElementType> =
+            [ElementType::F16, ElementType::BF16].into_iter().filter(|&dt| !AUTO_SM90_VERIFIED.contains(&(dt, d))).collect();
+        match dts.as_slice() {
+            [] => {}
+            [dt] => v.push(format!("{} D={d}", dt.name())),
+            _ => v.push(format!("D={d}")),
+        }
+    }
+    v.join(", ")
+}
+
 /// Which forward runs on devices of the given compute capabilities under `setting`, and why: what
 /// `status()` reports (an unparsable setting fails every forward call, so it says so).
 pub fn forward_path_summary(setting: Result<PathOverride, String>, ccs: &[(i32, i32)]) -> String {
     let hopper = ccs.contains(&(9, 0));
-    let sm90_calls = "f16/bf16 forward calls with D = 64, 128 or 256 and no optional operand (key_mask, bias, ALiBi, dropout)";
+    let devices = || if ccs.is_empty() { "no device is visible".to_string() } else { format!("the devices have {}", cc_list(ccs)) };
+    let verified = pair_list(AUTO_SM90_VERIFIED);
+    let unverified = unverified_list();
     match setting {
         Err(e) => format!("none: forward calls fail with INVALID_ARGUMENT ({e})"),
         Ok(PathOverride::ForceMma) => "mma.sync for every call (EXLA_RS_CUDA_PATH=mma)".into(),
-        Ok(s) if s.wants_sm90() && hopper => {
-            let why = if s == PathOverride::OptInSm90 { "EXLA_RS_CUDA_PATH=sm90" } else { "auto" };
-            format!("sm90 (wgmma/TMA) on compute capability 9.0 for {sm90_calls} ({why}); mma.sync for every other call and every backward")
-        }
+        Ok(PathOverride::OptInSm90) if hopper => "sm90 (wgmma/TMA) on compute capability 9.0 for f16/bf16 forward calls with D = 64, 128 or 256 \
+                                                  and no optional operand (key_mask, bias, ALiBi, dropout) (EXLA_RS_CUDA_PATH=sm90: verified \
+                                                  on Hopper or not); mma.sync for every other call and every backward"
+            .into(),
         Ok(PathOverride::OptInSm90) => format!(
             "mma.sync: EXLA_RS_CUDA_PATH=sm90 opts in to the sm90 forward, which needs compute capability 9.0 (sm_90a code); {}",
-            if ccs.is_empty() { "no device is visible".to_string() } else { format!("the devices have {}", cc_list(ccs)) }
+            devices()
         ),
-        Ok(_) => "mma.sync (auto): the sm90 (wgmma/TMA) forward has not yet passed test/gpu and compute-sanitizer on Hopper \
-                  hardware, so auto does not pick it; EXLA_RS_CUDA_PATH=sm90 opts in on compute capability 9.0"
+        Ok(PathOverride::Auto) if AUTO_SM90_VERIFIED.is_empty() => "mma.sync (auto): no sm90 (wgmma/TMA) forward has yet passed test/gpu \
+                                                                     and compute-sanitizer on Hopper hardware, so auto does not pick it; \
+                                                                     EXLA_RS_CUDA_PATH=sm90 opts in on compute capability 9.0"
             .into(),
+        Ok(PathOverride::Auto) if hopper => {
+            let waiting = if unverified.is_empty() { String::new() } else { format!(" ({unverified}: awaiting the sanitizers on hardware)") };
+            format!(
+                "sm90 (wgmma/TMA) on compute capability 9.0 for {verified} forward calls without optional operands (auto: verified on \
+                 Hopper: test/gpu + compute-sanitizer); mma.sync for other dtypes/head dims{waiting}, calls with key_mask/bias/ALiBi/dropout, \
+                 and every backward (EXLA_RS_CUDA_PATH=sm90 opts in to every sm90 head dim)"
+            )
+        }
+        Ok(PathOverride::Auto) => format!(
+            "mma.sync (auto): auto takes the sm90 (wgmma/TMA) forward for {verified} (verified on Hopper) and EXLA_RS_CUDA_PATH=sm90 \
+             for every sm90 head dim, both only on compute capability 9.0 (sm_90a code); {}",
+            devices()
+        ),
     }
 }
 
@@ -245,7 +303,7 @@ pub fn sm90_forward_kernel(dtype: ElementType, d: usize) -> Option<&'static str>
 /// As `launch::forward`: `p` holds device pointers (of `dev`) of the sizes the contract implies.
 pub unsafe fn forward(dev: &Device, dtype: ElementType, shape: &AttnShape, p: &FwdParams) -> Result<bool, AttnError> {
     let setting = PathOverride::from_env().map_err(AttnError::invalid)?;
-    if !setting.wants_sm90() {
+    if !setting.wants_sm90(dtype, shape.head_dim) {
         return Ok(false);
     }
     let has_optional = !(p.x.key_mask.is_null() && p.x.bias.is_null() && p.x.alibi_slopes.is_null() && p.x.dropout_key.is_null());
@@ -281,14 +339,54 @@ mod tests {
     }
     const H100: (i32, i32) = (9, 0);
 
+    const ALL_SETTINGS: [PathOverride; 3] = [PathOverride::Auto, PathOverride::OptInSm90, PathOverride::ForceMma];
+
     #[test]
-    fn auto_keeps_hopper_on_mma_sync_until_the_sm90_forward_is_verified() {
-        // Issue 22: the sm90 forward has never run on hardware; auto must not pick it.
-        const { assert!(!AUTO_PICKS_SM90) };
+    fn auto_takes_sm90_for_exactly_the_pairs_verified_on_hopper() {
+        // Issue 32: bf16 D=64/128 and f16 D=128 passed test/gpu and all four compute-sanitizer
+        // tools on an H200; f16 D=64 and D=256 wait for the sanitizers. Changing the table is a
+        // decision with provenance: change this test with it.
+        assert_eq!(AUTO_SM90_VERIFIED, &[(ElementType::BF16, 64), (ElementType::BF16, 128), (ElementType::F16, 128)]);
+        for &(dt, d) in AUTO_SM90_VERIFIED {
+            assert!(sm90_forward_kernel(dt, d).is_some(), "{dt} d{d}: no sm90 instantiation");
+        }
         for dt in [ElementType::F16, ElementType::BF16] {
             for d in SM90_HEAD_DIMS {
-                assert_eq!(choose_forward(H100, dt, &shape(d), false, PathOverride::Auto), FwdPath::MmaSync, "{dt} d{d}");
+                let want = if AUTO_SM90_VERIFIED.contains(&(dt, d)) { FwdPath::Sm90 } else { FwdPath::MmaSync };
+                assert_eq!(choose_forward(H100, dt, &shape(d), false, PathOverride::Auto), want, "{dt} d{d}");
             }
+        }
+    }
+
+    #[test]
+    fn choose_forward_per_setting_for_a_verified_and_an_unverified_pair() {
+        let verified = (ElementType::BF16, 128);
+        let unverified = (ElementType::F16, 64);
+        let d256 = (ElementType::BF16, 256);
+        for ((dt, d), auto) in [(verified, FwdPath::Sm90), (unverified, FwdPath::MmaSync), (d256, FwdPath::MmaSync)] {
+            assert_eq!(choose_forward(H100, dt, &shape(d), false, PathOverride::Auto), auto, "{dt} d{d}");
+            assert_eq!(choose_forward(H100, dt, &shape(d), false, PathOverride::OptInSm90), FwdPath::Sm90, "{dt} d{d}");
+            assert_eq!(choose_forward(H100, dt, &shape(d), false, PathOverride::ForceMma), FwdPath::MmaSync, "{dt} d{d}");
+        }
+        // The setting comes from the environment's spelling.
+        for (value, want) in [(None, FwdPath::Sm90), (Some("auto"), FwdPath::Sm90), (Some("sm90"), FwdPath::Sm90), (Some("mma"), FwdPath::MmaSync)] {
+            let setting = PathOverride::parse(value).unwrap();
+            assert_eq!(choose_forward(H100, ElementType::F16, &shape(128), false, setting), want, "{value:?}");
+        }
+    }
+
+    #[test]
+    fn a_verified_pair_still_needs_everything_sm90_supports() {
+        let (dt, d) = AUTO_SM90_VERIFIED[0];
+        for setting in ALL_SETTINGS {
+            // f32 of the same head dim, an optional operand, devices other than 9.0, empty calls.
+            assert_eq!(choose_forward(H100, ElementType::F32, &shape(d), false, setting), FwdPath::MmaSync, "{setting:?}");
+            assert_eq!(choose_forward(H100, dt, &shape(d), true, setting), FwdPath::MmaSync, "{setting:?}");
+            for cc in [(8, 0), (8, 6), (8, 9), (9, 1), (10, 0), (12, 0)] {
+                assert_eq!(choose_forward(cc, dt, &shape(d), false, setting), FwdPath::MmaSync, "{cc:?} {setting:?}");
+            }
+            assert_eq!(choose_forward(H100, dt, &AttnShape { seq_k: 0, ..shape(d) }, false, setting), FwdPath::MmaSync);
+            assert_eq!(choose_forward(H100, dt, &AttnShape { batch: 0, ..shape(d) }, false, setting), FwdPath::MmaSync);
         }
     }
 
@@ -340,14 +438,29 @@ mod tests {
 
     #[test]
     fn the_status_summary_names_the_path_and_the_reason() {
+        assert_eq!(pair_list(AUTO_SM90_VERIFIED), "bf16 D=64/128 and f16 D=128");
+        assert_eq!(unverified_list(), "f16 D=64, D=256");
         let auto = forward_path_summary(Ok(PathOverride::Auto), &[H100]);
-        assert!(auto.starts_with("mma.sync (auto)") && auto.contains("Hopper hardware") && auto.contains("EXLA_RS_CUDA_PATH=sm90"), "{auto}");
+        assert_eq!(
+            auto,
+            "sm90 (wgmma/TMA) on compute capability 9.0 for bf16 D=64/128 and f16 D=128 forward calls without optional operands \
+             (auto: verified on Hopper: test/gpu + compute-sanitizer); mma.sync for other dtypes/head dims (f16 D=64, D=256: \
+             awaiting the sanitizers on hardware), calls with key_mask/bias/ALiBi/dropout, and every backward \
+             (EXLA_RS_CUDA_PATH=sm90 opts in to every sm90 head dim)"
+        );
+        // Auto without a 9.0 device: mma.sync, and what auto and the opt-in would do on one.
+        for (ccs, why) in [(&[(8, 0), (8, 9)][..], "compute capability 8.0, 8.9"), (&[][..], "no device")] {
+            let s = forward_path_summary(Ok(PathOverride::Auto), ccs);
+            assert!(s.starts_with("mma.sync (auto)") && s.contains("bf16 D=64/128 and f16 D=128") && s.contains(why), "{s}");
+            assert!(s.contains("EXLA_RS_CUDA_PATH=sm90") && s.contains("compute capability 9.0"), "{s}");
+        }
         let opted = forward_path_summary(Ok(PathOverride::OptInSm90), &[(8, 0), H100]);
         assert!(opted.starts_with("sm90") && opted.contains("EXLA_RS_CUDA_PATH=sm90") && opted.contains("every backward"), "{opted}");
+        assert!(opted.contains("D = 64, 128 or 256") && opted.contains("verified on Hopper or not"), "{opted}");
         let ampere = forward_path_summary(Ok(PathOverride::OptInSm90), &[(8, 0)]);
         assert!(ampere.starts_with("mma.sync") && ampere.contains("compute capability 8.0"), "{ampere}");
         assert!(forward_path_summary(Ok(PathOverride::OptInSm90), &[]).contains("no device"));
-        assert!(forward_path_summary(Ok(PathOverride::ForceMma), &[H100]).contains("EXLA_RS_CUDA_PATH=mma"));
+        assert_eq!(forward_path_summary(Ok(PathOverride::ForceMma), &[H100]), "mma.sync for every call (EXLA_RS_CUDA_PATH=mma)");
         let bad = forward_path_summary(PathOverride::parse(Some("wgmma")), &[H100]);
         assert!(bad.contains("INVALID_ARGUMENT") && bad.contains("\"wgmma\""), "{bad}");
     }
