@@ -75,7 +75,6 @@ class Task:
     results: dict = field(default_factory=dict)  # id -> (outcome, seconds, message, params)
     output: list = field(default_factory=list)  # the children's output, in order
     proc: subprocess.Popen | None = None
-    started: float = 0.0
     events_path: str = ""
     events_pos: int = 0
     current: tuple | None = None  # (id, start time, params) of the test running now
@@ -92,8 +91,8 @@ class Task:
 
 
 class Runner:
-    def __init__(self, args, python, base_env, workdir):
-        self.args, self.python, self.base_env, self.workdir = args, python, base_env, Path(workdir)
+    def __init__(self, python, base_env, workdir):
+        self.python, self.base_env, self.workdir = python, base_env, Path(workdir)
         self.n = 0
 
     def start(self, t: Task):
@@ -112,8 +111,7 @@ class Runner:
         cmd = t.prefix + [self.python, "-m", "pytest", "-q", "-rfE", "-p", "no:cacheprovider", "-p", "gpu_watch", TEST_FILE]
         with open(t.out_path, "w") as out:
             t.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-        t.started = time.time()
-        t.first_start = t.first_start or t.started
+        t.first_start = t.first_start or time.time()
 
     def poll_events(self, t: Task):
         with open(t.events_path) as f:
@@ -308,18 +306,20 @@ def main():
     nshards = a.shards or max(1, jobs * 5 // 16)
     gpu = a.platform == "cuda"
 
-    env = dict(os.environ, PYTHONUNBUFFERED="1", XLA_PYTHON_CLIENT_PREALLOCATE="false", EXLA_RS_TEST_PLATFORM=a.platform)
+    bench_env = dict(os.environ, PYTHONUNBUFFERED="1", XLA_PYTHON_CLIENT_PREALLOCATE="false", EXLA_RS_TEST_PLATFORM=a.platform)
+    bench_env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "test/gpu"), str(ROOT / "test/xla")] + ([bench_env["PYTHONPATH"]] if bench_env.get("PYTHONPATH") else []))
+    bench_env.setdefault("EXLA_RS_XLA_LIB", str(ROOT / "native/exla_rs/target/release/libexla_rs_xla.so"))
+    env = dict(bench_env)
     workdir = tempfile.mkdtemp(prefix="exla_rs_gpu_checks_")
     if gpu:
-        # One persistent compilation cache for every child: both paths and every shard compile the
-        # same programs (the path is read at run time). No autotuning: the tests time nothing.
+        # The tests' children (not the benchmark: its peers keep XLA's defaults) share one
+        # persistent compilation cache: both paths and every shard compile the same programs (the
+        # path is read at run time). No autotuning: the tests time nothing.
         env.update(JAX_COMPILATION_CACHE_DIR=os.path.join(workdir, "jax-cache"), JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
                    JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
         env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " --xla_gpu_autotune_level=0").strip()
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "test/gpu"), str(ROOT / "test/xla")] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
-    env.setdefault("EXLA_RS_XLA_LIB", str(ROOT / "native/exla_rs/target/release/libexla_rs_xla.so"))
-    runner = Runner(a, a.python, env, workdir)
-    summary, fails, env_lines, step_lines = [], [], [], []
+    runner = Runner(a.python, env, workdir)
+    not_ours, fails, env_lines, step_lines = [], [], [], []
     totals = Counter()
 
     if "env" in steps:
@@ -410,7 +410,7 @@ def main():
             if others:
                 seen = Counter(f"{m} at {w}" for m, w in errs if (m, w) not in ours)
                 for k, v in seen.most_common(3):
-                    summary.append(f"  {s}: not ours, x{v}: {k}")
+                    not_ours.append(f"  {s}: not ours, x{v}: {k}")
             c["failed"] += 1 if ours else 0
         step_lines.append((s, f"{counts}{extra}; {wall:.0f} s"))
         totals["passed"] += c["passed"]
@@ -441,7 +441,7 @@ def main():
             cmd = [a.python, "bench/bench_cuda.py", "--selftest"]
         t0 = time.time()
         with open(out / "bench.log", "w") as f:
-            p = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+            p = subprocess.Popen(cmd, cwd=ROOT, env=bench_env, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
             try:
                 rc = p.wait(timeout=a.bench_deadline)
             except subprocess.TimeoutExpired:
@@ -473,8 +473,8 @@ def main():
         lines += ["", "slowest tests:"] + [f"  {d:6.1f} s {s} {i}" for d, s, i in per_test[:5]]
     if fails:
         lines += [""] + fails[:200] + ([f"... {len(fails) - 200} more"] if len(fails) > 200 else [])
-    if summary:
-        lines += ["", "sanitizer reports outside our kernels:"] + summary
+    if not_ours:
+        lines += ["", "sanitizer reports outside our kernels:"] + not_ours
     if bench_lines:
         lines += ["", "benchmark (bench/bench_cuda.py --quick):"] + bench_lines
     if totals["not run"]:
