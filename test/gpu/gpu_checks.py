@@ -254,6 +254,11 @@ def sanitizer_errors(text):
     return [tuple(e) for e in errors], total
 
 
+def in_our_kernels(error) -> bool:
+    """Whether a (message, where) error of sanitizer_errors() names one of our kernels."""
+    return any("exla_rs" in part for part in error)
+
+
 def env_report(args, python, env):
     lines = [f"date {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}, platform {args.platform}, host {os.uname().nodename}, "
              f"{os.cpu_count()} CPUs"]
@@ -402,7 +407,7 @@ def main():
         if s.split("-")[0] in TOOLS:
             text = "".join("".join(t.output) for t in ts)
             errs, total = sanitizer_errors(text)
-            ours = [e for e in errs if "exla_rs" in e[1] or "exla_rs" in e[0]]
+            ours = [e for e in errs if in_our_kernels(e)]
             others = len(errs) - len(ours)
             extra = f"; sanitizer: {total} errors reported, {len(ours)} in exla_rs kernels" + (f", {others} elsewhere (XLA/jax copies, not instrumented kernels)" if others else "")
             for msg, where in ours[:10]:

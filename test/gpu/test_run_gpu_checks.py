@@ -74,7 +74,7 @@ def test_sanitizer_errors_are_split_into_ours_and_the_rest():
 
     errors, total = gpu_checks.sanitizer_errors(SANITIZER_LOG)
     assert total == 3
-    ours = [e for e in errors if "exla_rs" in e[0] or "exla_rs" in e[1]]
+    ours = [e for e in errors if gpu_checks.in_our_kernels(e)]
     assert [e[0][:22] for e in ours] == ["Invalid __global__ wri", "Error: Race reported b"], errors
     assert ours[0][1].startswith("exla_rs_fwd_bf16_d64+0x1a70"), ours
     assert len(errors) == 3 and errors[1][0].startswith("Program hit cudaErrorNotReady"), errors
