@@ -7,14 +7,14 @@ through jax's cpu device for each head dim, forward (mma.sync and the opted-in s
 backward, on fresh random bf16 inputs with whole tiles (no causal mask: every key tile of every
 block is computed), and reads the executor's per-kernel statistics: every warp-wide ldmatrix and
 every set of 32 lanes' cp.async, served in 128-byte phases, one distinct 4-byte word per bank per
-wavefront (kernels/cpu/README.md). Conflicts = wavefronts beyond one per phase.
+wavefront (crates/exla-rs-gpusim/executor/README.md). Conflicts = wavefronts beyond one per phase.
 
 Per kernel it prints accesses, conflicts per access, and conflicts per key tile (a block's step
 over one key tile: the forward's inner loop, the backward's (query head, query tile) step; the
 sm90 forward's per consumer-tile), then scales the per-tile figure to the shape of the
 2026-11-23 ncu run (D=128, S=4096, B=4, H=16, bf16; ours 14.7 M shared-load bank conflicts in the
 backward, FA2 0.64 M) so the two can be set side by side. ncu also counts plain ld.shared, which
-the executor does not see (kernels/cpu/README.md).
+the executor does not see (crates/exla-rs-gpusim/executor/README.md).
 
     EXLA_RS_XLA_LIB=native/exla_rs/target/gpu_on_cpu/release/libexla_rs_xla.so \\
         .venv/jax-0.10.2/bin/python bench/bank_conflicts.py [--seq 512] [--markdown]

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The CUDA kernels run on the CPU with the GPU's semantics (issue 22): the GPU-on-CPU executor
-# (native/exla_rs/kernels/cpu, crates/exla-rs-gpusim) behind the unchanged launch code.
+# (native/exla_rs/crates/exla-rs-gpusim: its C++ in executor/, its Rust face a LaunchTarget) behind
+# exla-rs-cuda's unchanged launch code.
 #
 #   scripts/gpu_on_cpu.sh [STEP ...]     default: every step below except mutations, in order
 #   scripts/gpu_on_cpu.sh --mutations    the mutation proof only (scripts/gpu_on_cpu_mutations.py)
@@ -8,7 +9,8 @@
 # Steps:
 #   build        the gpu-on-cpu handler library (exla-rs-xla --features gpu-on-cpu) in its own
 #                target dir, so the release library never carries the executor
-#   rust         the crates' gpu-on-cpu tests (launch code on Stream::GpuSim vs the Host kernels)
+#   rust         the executor crate's tests (exla-rs-cuda's launch code on Stream::Target(&SimDevice) vs
+#                the Host kernels) and exla-rs-xla's cuda_on_cpu handler tests
 #   tests-mma    test/gpu through real XLA (jax 0.10.2, cpu device) on the mma.sync kernel set
 #                (EXLA_RS_CUDA_PATH=mma: the executor is a 9.0 device, where auto runs sm90 for some calls)
 #   tests-sm90   the same with EXLA_RS_CUDA_PATH=sm90 (the sm90 forward wherever it applies)
@@ -16,7 +18,8 @@
 #   asan         executor and kernels built under ThreadSanitizer / AddressSanitizer
 #   mutations    each planted kernel bug must be caught by its named check, the tree must pass
 #   stats        shared-memory bank conflicts per kernel (bench/bank_conflicts.py) on the
-#                statistics build of the library (ld/st.shared counted too), target dir gpu_on_cpu_stats
+#                statistics build of the library (ld/st.shared counted too), target dir gpu_on_cpu_stats; and the
+#                global bytes of decode calls (bench/decode_traffic.py: the split-KV path reads K/V once)
 #
 # Each step's output goes to $EXLA_RS_GPUSIM_LOGS (default: a temporary directory; shown in full
 # when the step fails); each prints its time and test counts, and the script ends with
@@ -34,8 +37,10 @@ PY=$EXLA_RS_VENVS/jax-0.10.2/bin/python
 LIB=$TARGET/gpu_on_cpu/gpusim/libexla_rs_xla.so
 LOGS=${EXLA_RS_GPUSIM_LOGS:-$(mktemp -d)}
 mkdir -p "$LOGS"
-# No fatbins: the executor runs the kernels' C++ build, nvcc would only add minutes.
-export EXLA_RS_CUDA_NVCC=0
+# No fatbins unless the caller says otherwise: the executor runs the kernels' C++ build, nvcc
+# would only add minutes. (scripts/test.sh says on: its cargo test shares this target dir, with
+# the fatbins its release build's nvcc cache holds.)
+export EXLA_RS_CUDA_NVCC=${EXLA_RS_CUDA_NVCC:-0}
 export EXLA_RS_GPUSIM_MAX_SEQ=${EXLA_RS_GPUSIM_MAX_SEQ:-160}
 JOBS=${EXLA_RS_GPUSIM_JOBS:-2}
 # A sanitizer report ends the harness at once with these exit codes.
@@ -57,7 +62,7 @@ step_build() {
 }
 
 step_rust() {
-  cargo_gpusim gpu_on_cpu test -p exla-rs-gpusim -p exla-rs-cuda -p exla-rs-xla --features exla-rs-xla/gpu-on-cpu
+  cargo_gpusim gpu_on_cpu test -p exla-rs-gpusim -p exla-rs-xla --features exla-rs-xla/gpu-on-cpu
 }
 
 pytest_gpu() { # pytest_gpu [ENV=VALUE ...] [PYTEST ARGS ...]: test/gpu on the gpu-on-cpu library
@@ -98,7 +103,7 @@ HARNESS=$TARGET/gpu_on_cpu/gpusim/examples/gpu_on_cpu_check
 harness() { # harness SANITIZER: the harness built and run under the sanitizer, in $JOBS shards
   # Same target dir as the library: the executor keeps one object set per sanitizer mode, so only
   # what links it is rebuilt here.
-  EXLA_RS_GPUSIM_SANITIZE=$1 cargo_gpusim gpu_on_cpu build -p exla-rs-cuda --features gpu-on-cpu --example gpu_on_cpu_check || return 1
+  EXLA_RS_GPUSIM_SANITIZE=$1 cargo_gpusim gpu_on_cpu build -p exla-rs-gpusim --example gpu_on_cpu_check || return 1
   local dir=$LOGS/harness-$1 rc=0
   rm -rf "$dir" && mkdir -p "$dir"
   harness_shard() { "$HARNESS" --shard "$1/$JOBS" --launches "$dir/launches-$1"; }
@@ -123,7 +128,9 @@ step_asan() {
 step_mutations() { python3 scripts/gpu_on_cpu_mutations.py; }
 step_stats() {
   EXLA_RS_GPUSIM_SANITIZE=stats cargo_gpusim gpu_on_cpu_stats build -p exla-rs-xla --features gpu-on-cpu || return 1
-  EXLA_RS_XLA_LIB=$TARGET/gpu_on_cpu_stats/gpusim/libexla_rs_xla.so "$PY" bench/bank_conflicts.py --markdown
+  EXLA_RS_XLA_LIB=$TARGET/gpu_on_cpu_stats/gpusim/libexla_rs_xla.so "$PY" bench/bank_conflicts.py --markdown || return 1
+  # Global bytes of decode calls: the split-KV path reads K/V once (issue 34, bench/RESULTS.md).
+  EXLA_RS_XLA_LIB=$TARGET/gpu_on_cpu_stats/gpusim/libexla_rs_xla.so "$PY" bench/decode_traffic.py --markdown
 }
 
 # ---------------------------------------------------------------------------------------------

@@ -5,7 +5,7 @@ Each mutation below breaks one kernel the way a real kernel bug would (a barrier
 removed, an index off by a row, two blocks' output rows overlapping, a TMA box off by a tile, a wgmma wait moved before the last use of
 its accumulators, a wrong mbarrier parity). In one scratch copy of native/exla_rs, for the
 unmodified tree and then for each mutation applied alone, the sanitizer harness
-(crates/exla-rs-cuda/examples/gpu_on_cpu_check) is built with the executor under ThreadSanitizer
+(crates/exla-rs-gpusim/examples/gpu_on_cpu_check) is built with the executor under ThreadSanitizer
 and run on the cases that launch the mutated kernel. The unmodified tree must pass; every mutation
 must fail, and the report must come from the check named in its row: ThreadSanitizer's race
 report, the executor's initcheck (an operand read from never-written shared memory), its deadlock
@@ -127,7 +127,7 @@ def run_harness(ws: Path, target: Path, cases: str) -> tuple[int, str, float]:
     t0 = time.time()
     p = subprocess.run(
         # The gpusim profile (Cargo.toml): optimised, no LTO, as scripts/gpu_on_cpu.sh builds it.
-        ["cargo", "run", "--profile", "gpusim", "-q", "-p", "exla-rs-cuda", "--features", "gpu-on-cpu",
+        ["cargo", "run", "--profile", "gpusim", "-q", "-p", "exla-rs-gpusim",
          "--example", "gpu_on_cpu_check", "--", "--only", cases],
         cwd=ws, env=env, capture_output=True, text=True)
     return p.returncode, p.stdout + p.stderr, time.time() - t0

@@ -78,22 +78,22 @@ steps_wait() {
   bg_names=() bg_pids=() bg_logs=() bg_starts=()
 }
 
-# The GPU-on-CPU executor (exla-rs-gpusim) is built and tested by scripts/gpu_on_cpu.sh, in its own
-# target dir: the release build never carries it.
+# One value for every cargo build of this run: exla-rs-cuda's build script keys on it, and the
+# builds that share a target dir (cargo test and scripts/gpu_on_cpu.sh) must share exla-rs-cuda.
+# On: the kernels' fatbins, nvcc's work done once by the release build, then from its cache.
+export EXLA_RS_CUDA_NVCC=on
+# The GPU-on-CPU executor (exla-rs-gpusim) never enters the release build.
 step "cargo build (release)" cargo build --release --manifest-path "$CARGO_MANIFEST" --workspace --exclude exla-rs-gpusim
-# Optimised like the release, without its LTO (Cargo.toml's ci-test profile): the kernels' fatbins
-# come from the release build's nvcc cache.
-step "cargo test" cargo test --profile ci-test --no-fail-fast --manifest-path "$CARGO_MANIFEST" --workspace --exclude exla_rs_nif --exclude exla-rs-gpusim
+# Every crate's tests (the executor crate's and the gpu-on-cpu handlers' included), optimised like
+# the release without its LTO (Cargo.toml's gpusim profile), in the target dir where
+# scripts/gpu_on_cpu.sh then builds its handler library and harness: one compile of the workspace
+# serves both (its `rust` step is this one).
+step "cargo test" cargo test --profile gpusim --target-dir "$EXLA_RS_ROOT/native/exla_rs/target/gpu_on_cpu" --no-fail-fast \
+  --manifest-path "$CARGO_MANIFEST" --workspace --exclude exla_rs_nif --features exla-rs-xla/gpu-on-cpu
 # The two XLAs side by side (each process runs its tests one at a time).
 for v in jax-0.9.0 jax-0.10.2; do
   step_bg "pytest test/xla ($v)" "$EXLA_RS_VENVS/$v/bin/python" -m pytest -q -p no:cacheprovider test/xla
 done
-steps_wait
-# The tensor-core kernels' fragment and address math, emulated lane by lane on the CPU against
-# float64 (the real kernels need a GPU; test/gpu runs them there).
-step_bg "CUDA kernel emulation" "$EXLA_RS_VENVS/jax-0.10.2/bin/python" native/exla_rs/kernels/emulate.py
-# The sm90 (wgmma/TMA) forward: its fragments, descriptors, TMA boxes and tile pipeline.
-step_bg "CUDA sm90 kernel emulation" "$EXLA_RS_VENVS/jax-0.10.2/bin/python" native/exla_rs/kernels/sm90/emulate_wgmma.py
 steps_wait
 # The GPU check's plumbing (test/gpu/run_gpu_checks.sh --platform cpu against the Host handlers):
 # a test made to hang is named, its process group killed, its shard goes on, <= 8 files (#31).
@@ -111,11 +111,13 @@ step "CUDA kernels: SASS statistics, no spills, plain set within budget" "$EXLA_
 # kernel image under ThreadSanitizer and AddressSanitizer (the script prints each part's time).
 # The executor's own checks first: its PTX models against independent references, its
 # collective/deadlock/timing checks, the planted race and out-of-bounds store the sanitizers must
-# catch, and the sm90 instruction models from first principles.
-step_bg "GPU-on-CPU executor tests" native/exla_rs/kernels/cpu/tests/run_executor_test.sh
-step_bg "GPU-on-CPU sm90 instruction models" native/exla_rs/kernels/cpu/tests/run_sm90_models_test.sh "$EXLA_RS_VENVS/jax-0.10.2/bin/python"
+# catch, the kernels' mask intervals (common.cuh) against the contract's predicate, and the sm90
+# instruction models from first principles. (With test/gpu these took over every check of the
+# retired Python emulators: native/exla_rs/kernels/README.md maps each one.)
+step_bg "GPU-on-CPU executor tests" native/exla_rs/crates/exla-rs-gpusim/executor/tests/run_executor_test.sh
+step_bg "GPU-on-CPU sm90 instruction models" native/exla_rs/crates/exla-rs-gpusim/executor/tests/run_sm90_models_test.sh
 steps_wait
-step "CUDA kernels on the CPU (scripts/gpu_on_cpu.sh)" ./scripts/gpu_on_cpu.sh
+step "CUDA kernels on the CPU (scripts/gpu_on_cpu.sh)" ./scripts/gpu_on_cpu.sh build tests-mma tests-sm90 tsan asan
 # The README's main job, small: it must run to its check and its timings.
 step "demo (scripts/demo.py, S=256)" "$EXLA_RS_VENVS/jax-0.10.2/bin/python" scripts/demo.py --seq 256 --repeats 1
 # The Bumblebee serving test's tokenizer.json is what scripts/make_test_tokenizer.py makes.

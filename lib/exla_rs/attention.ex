@@ -83,9 +83,13 @@ defmodule ExlaRs.Attention do
     takes the bf16 D = 64/128 and f16 D = 128 calls without optional operands,
     the pairs verified there, and with `EXLA_RS_CUDA_PATH=sm90` every f16/bf16
     D = 64/128/256 call without one; other calls run the mma.sync forward;
-    `ExlaRs.status/0` says which runs). `ExlaRs.CustomCall` asks the native library what each platform runs
+    `ExlaRs.status/0` says which runs). Every head dim from 1 to 256 runs in the
+    native kernels on both: CUDA runs 32, 64, 96, 128, 192 and 256 natively and
+    any other (Stable Diffusion's 40/80/160, Phi-2's 80, ...) on the next of them
+    with zero-padded columns and your `:scale` (copies through the workspace; see
+    the contract's "Head dims on CUDA"). `ExlaRs.CustomCall` asks the native library what each platform runs
     (`ExlaRs.CustomCall.features/1`); a call a platform cannot run (`:f64`, a head
-    dim no CUDA kernel has) runs on the Nx fallback, which computes the same function.
+    dim past 256) runs on the Nx fallback, which computes the same function.
 
     ## Example
 
@@ -353,13 +357,15 @@ defmodule ExlaRs.Attention do
     defp constant?(%Nx.Tensor{data: %Nx.Defn.Expr{op: op}}), do: op in [:tensor, :constant]
     defp constant?(_), do: true
 
-    # The head dims the CUDA kernels are built for.
+    # The head dims the CUDA kernels run natively (every other one up to 256 runs
+    # padded to the next of these, through copies in the workspace).
     @kernel_head_dims [32, 64, 96, 128, 192, 256]
 
     @doc """
     The head dim of the backward block that differentiates `lse`: `d + 1` rounded
-    up to a head dim the CUDA kernels have (32, 64, 96, 128, 192, 256), or `d + 1`
-    past 256.
+    up to a head dim the CUDA kernels run natively (32, 64, 96, 128, 192, 256), so
+    the widened operands, zero-padded here anyway, need no second padded copy in
+    the kernel's workspace; or `d + 1` past 256.
     """
     def lse_grad_head_dim(d), do: Enum.find(@kernel_head_dims, d + 1, &(&1 > d))
 

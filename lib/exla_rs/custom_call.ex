@@ -19,7 +19,7 @@ defmodule ExlaRs.CustomCall do
       and (backward) `bias_grad` as `"true"` for each one that is set (an absent
       one is false, so a call without optional operands is the contract's
       original call), and `dropout_rate` (`f32`) with `has_dropout`;
-    * otherwise (another platform, `f64`, a head dim the kernels lack, an
+    * otherwise (another platform, `f64`, a head dim past 256, an
       optional feature the platform's native library does not report (both
       report all of them today), a workspace mismatch, registration
       failing) it returns `:skip`, and EXLA

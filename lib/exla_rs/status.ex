@@ -13,7 +13,9 @@ defmodule ExlaRs.Status do
       total_memory_bytes:}]}`; both with `forward_path`: which kernel set runs which forward calls
       (mma.sync or the Hopper sm90 forward) under `EXLA_RS_CUDA_PATH`, and why
     * `:kernels` - how the CUDA kernels were built: `embedded_archs`, `ptx_arch`,
-      `nvcc_version`, `nvrtc_fallback`, `nvrtc_available`, `kernel_files`, `note`
+      `nvcc_version`, `nvrtc_fallback`, `nvrtc_available`, `kernel_files`, `note`, and
+      `head_dims`: which head dims run natively (32, 64, 96, 128, 192, 256) and which padded
+      (every other one up to 256, on the next native head dim with zero-padded columns)
     * `:runtimes` - each XLA runtime in the VM: `kind` (`:xla_extension` | `:pjrt_plugin`),
       `path`, `state` (`:registered` | `:partial` | `:failed` | `:found`), `ffi_api_version`,
       `pjrt_api_version`, `route`, `verified` (results are XLA's own answers),
@@ -84,7 +86,8 @@ defmodule ExlaRs.Status do
         nvrtc_fallback: false,
         nvrtc_available: false,
         kernel_files: 0,
-        note: nil
+        note: nil,
+        head_dims: nil
       },
       runtimes: [],
       registrations: %{passes: 0, attempted: 0, succeeded: 0, failed: 0, runtime_failures: 0},

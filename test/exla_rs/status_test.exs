@@ -75,6 +75,10 @@ defmodule ExlaRs.StatusTest do
     k = ExlaRs.status().kernels
     assert is_list(k.embedded_archs) and is_boolean(k.nvrtc_fallback)
     assert k.ptx_arch == nil or is_binary(k.ptx_arch)
+    # Which head dims the CUDA kernels run natively and which padded (issue 33, part 4).
+    assert k.head_dims =~ "native: D = 32, 64, 96, 128, 192, 256"
+    assert k.head_dims =~ "padded: every other D in 1..=256"
+    assert ExlaRs.Status.Formatter.format(ExlaRs.status()) =~ "head dims: native: D = 32"
   end
 
   test "runtimes and counters are well-formed" do

@@ -46,6 +46,9 @@ import exla_rs_jax as ex
 from cases import CASES as HOST_CASES, DTYPES, TOL, Case, assert_grads, fully_masked_rows, make, rel_err, seed
 
 CUDA_DIMS = ex.KERNEL_HEAD_DIMS
+# Head dims without a kernel (issue 33, part 4): run on the next kernel head dim with zero-padded
+# copies in the workspace (Stable Diffusion's 40/80/160, Phi-2's 80, and odd ones).
+PADDED_DIMS = (40, 80, 160, 72, 8)
 
 # cuda-on-cpu: the longest sequence a case keeps (0 = no cap). Keep it above 128, the kernels'
 # largest tile (32/64/128 rows), so capped cases still cross tile boundaries.
@@ -61,8 +64,9 @@ SM90_DIMS = (64, 128, 256)
 
 
 def skip_unless_sm90_forward(dt: str, d: int, optional_operands: bool = False, forward_only_test: bool = True):
-    """In the sm90 cuda-on-cpu run, skips a test that cannot reach the sm90 forward."""
-    if SM90_CPU_RUN and (dt == "f32" or d not in SM90_DIMS or optional_operands or not forward_only_test):
+    """In the sm90 cuda-on-cpu run, skips a test that cannot reach the sm90 forward (a padded head
+    dim reaches it when its kernel head dim is an sm90 one: 40 runs on 64)."""
+    if SM90_CPU_RUN and (dt == "f32" or ex.kernel_head_dim(d) not in SM90_DIMS or optional_operands or not forward_only_test):
         pytest.skip("sm90 cuda-on-cpu run: these calls run the mma.sync/SIMT kernels the default run checks")
 
 
@@ -76,12 +80,20 @@ def capped(c: Case) -> Case:
     win = None if c.window_size is None else tuple(w if w <= 0 else max(1, round(w * f)) for w in c.window_size)
     return dataclasses.replace(c, sq=shrink(c.sq), sk=shrink(c.sk), window_size=win)
 
-# The Host cases with a CUDA head dim, plus cases sized to cross tile boundaries (the kernels use
-# 32/64/128-row tiles): several tiles, ragged last tiles, long windows, big GQA groups.
-CUDA_CASES = [capped(c) for c in [c for c in HOST_CASES if c.d in CUDA_DIMS] + [
+# The Host cases (every head dim up to 256 runs on CUDA, natively or padded: d1, d16, d40, d48 and
+# d80 among them), plus cases sized to cross tile boundaries (the kernels use 32/64/128-row tiles):
+# several tiles, ragged last tiles, long windows, big GQA groups; and the padded head dims likewise.
+CUDA_CASES = [capped(c) for c in [c for c in HOST_CASES if c.d <= 256] + [
     Case(f"d{d}_ragged", 2, 131, 197, 4, 2, d, causal=c, kv_len="random", q_start="random")
     for d in CUDA_DIMS
     for c in (False, True)
+] + [
+    Case(f"d{d}_ragged", 2, 131, 197, 4, 2, d, causal=n % 2 == 0, kv_len="random", q_start="random", softcap=10.0 * (n == 2),
+         scale=0.3 if n == 1 else None)
+    for n, d in enumerate(PADDED_DIMS)
+] + [
+    # A padded decode step: the kernel shape (D = 96) decides the split-KV forward too.
+    Case("decode_padded_d80", 4, 1, 900, 8, 1, 80, causal=True),
 ] + [
     Case("long_causal_d128", 1, 1030, 1030, 2, 2, 128, causal=True),
     Case("long_noncausal_d64", 1, 777, 1300, 4, 1, 64),
@@ -94,6 +106,14 @@ CUDA_CASES = [capped(c) for c in [c for c in HOST_CASES if c.d in CUDA_DIMS] + [
     Case("all_masked_batch_d64", 3, 64, 64, 2, 2, 64, kv_len="random"),
 ]]
 PARAMS = [pytest.param(c, dt, id=f"{c.name}-{dt}") for c in CUDA_CASES for dt in DTYPES]
+# Forward only, at the sm90 head dims in the 16-bit types: windows that reach right of the
+# diagonal (window_right > 0, which no causal case has), one of them left-unbounded, so the sm90
+# forward's key intervals and straddle tests meet them too (the mma.sync ones already do above).
+FWD_PARAMS = PARAMS + [pytest.param(c, dt, id=f"{c.name}-{dt}") for c in [
+    Case("window_right_d256", 1, 80, 130, 2, 1, 256, window_size=(-1, 30), q_start="zero"),
+    Case("window_both_gqa_d128", 1, 150, 160, 4, 2, 128, window_size=(70, 5), softcap=20.0, kv_len="short", q_start="random"),
+    Case("window_both_d64", 2, 140, 150, 2, 2, 64, window_size=(20, 40), q_start="random"),
+] for dt in ("f16", "bf16")]
 
 
 def on_gpu(*xs):
@@ -117,7 +137,7 @@ def run_fwd(x):
     return o, lse
 
 
-@pytest.mark.parametrize("case,dt", PARAMS)
+@pytest.mark.parametrize("case,dt", FWD_PARAMS)
 def test_forward_matches_float64_reference(case, dt):
     skip_unless_sm90_forward(dt, case.d)
     x = make(case, DTYPES[dt], seed())
@@ -224,17 +244,49 @@ def test_forward_is_deterministic_and_stream_ordered():
 
 
 @cuda_only
-@pytest.mark.parametrize("d", [16, 48, 80, 160])
-def test_head_dims_without_a_kernel_are_unimplemented(d):
-    assert ex.workspace_bytes(0, PLATFORM, jnp.bfloat16, 1, 8, 8, 2, 2, d) == -1
-    assert ex.workspace_bytes(1, PLATFORM, jnp.float32, 1, 8, 8, 2, 2, d) == -1
-    x = make(Case("odd", 1, 8, 8, 2, 2, d), jnp.bfloat16, seed())
-    q, k, v, kv, qs = on_gpu(x.q, x.k, x.v, x.kv_len, x.q_start)
-    ex.load(PLATFORM)
-    outs = [jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct((1, 2, 8), jnp.float32)]
-    attrs = dict(scale=np.float32(0.1), softcap=np.float32(0), window_left=np.int64(-1), window_right=np.int64(-1))
-    with pytest.raises(Exception, match=r"(?i)unimplemented.*head dim|head dim.*unimplemented|D=%d" % d):
-        jax.block_until_ready(jax.ffi.ffi_call(ex.FWD, outs)(q, k, v, kv, qs, **attrs))
+@pytest.mark.parametrize("d", [1, 8, 16, 40, 48, 72, 80, 100, 160, 200, 255])
+def test_padded_head_dims_take_their_copies_in_the_workspace(d):
+    """Issue 33, part 4: a head dim without a kernel is supported; its workspace holds the padded
+    copies (the contract's "Head dims on CUDA"); past 256 nothing runs."""
+    b, sq, sk, h, hkv = 2, 100, 120, 8, 2
+    for dt in (jnp.bfloat16, jnp.float16, np.float32):
+        for pass_ in (0, 1):
+            got = ex.workspace_bytes(pass_, PLATFORM, dt, b, sq, sk, h, hkv, d)
+            assert got == ex.padded_workspace_bytes(pass_, dt, b, sq, sk, h, hkv, d), (d, dt, pass_)
+    assert ex.workspace_bytes(0, PLATFORM, jnp.bfloat16, b, sq, sk, h, hkv, 257) == -1
+
+
+@cuda_only
+@pytest.mark.parametrize("d", [80, 8])
+@pytest.mark.parametrize("dt", list(DTYPES))
+def test_a_padded_call_is_the_next_kernel_dims_call_on_zero_columns(d, dt):
+    """The padded path computes exactly what the next kernel head dim computes on inputs padded by
+    hand with zero columns (same kernels, same scale): the same bits in the first d columns of o,
+    dq, dk, dv, the same lse. With options (mask, bias with its gradient, ALiBi, GQA, causal,
+    softcap) so the feature-set kernels run padded too."""
+    skip_unless_sm90_forward(dt, d, optional_operands=True, forward_only_test=False)
+    case = capped(Case("pad_vs_native", 2, 70, 90, 4, 2, d, causal=True, softcap=7.0, kv_len="random", q_start="random"))
+    x = make(case, DTYPES[dt], seed())
+    ext = make_extras(x, Extra(key_mask="holes", bias="B1QK", alibi=True), DTYPES[dt])
+    dk_ = ex.kernel_head_dim(d)
+    wide = lambda a: np.concatenate([a, np.zeros(a.shape[:3] + (dk_ - d,), a.dtype)], axis=-1)
+    kw = dict(x.kw, platform=PLATFORM, **on_gpu_dict(ext))
+    ctx = f"seed={x.seed}"
+
+    def run(q, k, v, do):
+        q, k, v, kv, qs, do = on_gpu(q, k, v, x.kv_len, x.q_start, do)
+        o, lse = ex.flash_attn_fwd(q, k, v, kv, qs, **kw)
+        return (o, lse) + tuple(ex.flash_attn_bwd(q, k, v, kv, qs, o, lse, do, bias_grad=True, **kw))
+
+    got = [np.asarray(t) for t in run(x.q, x.k, x.v, x.do)]
+    want = [np.asarray(t) for t in run(wide(x.q), wide(x.k), wide(x.v), wide(x.do))]
+    for name, g, w in zip(["o", "lse", "dq", "dk", "dv", "dbias"], got, want):
+        if name not in ("lse", "dbias"):
+            assert g.shape[-1] == d, name
+            assert not w[..., d:].astype(np.float32).any(), f"{name}: the zero columns got values ({ctx})"
+            w = w[..., :d]
+        assert g.shape == w.shape and g.dtype == w.dtype, name
+        np.testing.assert_array_equal(g.view(np.uint8), w.view(np.uint8), err_msg=f"{name} differs from the D={dk_} call ({ctx})")
 
 
 @cuda_only
@@ -248,8 +300,10 @@ def test_workspace_matches_the_layout():
 
 
 # Issue 13, part 1: non-finite values no row may see, and windows near i64::MAX. The poisoned call
-# is compared with the same call on poison-free inputs (poison -> 0) on every output a row or key
-# that does not see the poison produces; kernels/emulate.py checks the same cases lane by lane.
+# is compared with the same call on poison-free inputs on every output a row or key that does not
+# see the poison produces. The kv_padding cases put inf/NaN in K and V rows past kv_len (padding
+# the contract lets hold anything) inside key tiles that also hold visible keys: the mma.sync
+# loaders zero-fill those rows, the sm90 producer zeroes them after its TMA load.
 NONFINITE = [
     # (name, B, Sq, Sk, H, Hkv, D, wl, wr, kv_len, q_start, k/v poison (tensor, b, key, kv head, col, value), dead rows (b, i))
     ("window_kv", 1, 200, 200, 2, 1, 64, 7, 0, [200], [0],
@@ -259,6 +313,15 @@ NONFINITE = [
     ("dead_rows_d256", 2, 70, 60, 2, 1, 256, -1, 0, [60, 0], [-20, 0], [("v", 0, 59, 0, 2, np.nan)],
      [(0, i) for i in range(20)] + [(1, i) for i in range(70)]),
     ("dead_rows_d32", 1, 90, 90, 4, 4, 32, 3, 0, [90], [-10], [], [(0, i) for i in range(10)]),
+    ("kv_padding_d128", 2, 70, 150, 2, 1, 128, -1, 0, [137, 70], [67, 0],
+     [("k", 0, 140, 0, 3, np.nan), ("v", 0, 137, 0, 0, np.nan), ("v", 0, 149, 0, 127, np.inf), ("k", 1, 100, 0, 0, np.inf),
+      ("v", 1, 70, 0, 5, np.nan), ("v", 1, 127, 0, 9, -np.inf), ("v", 1, 149, 0, 64, np.nan)], []),
+    # Decode (the split-KV path: GQA 4, several splits): garbage in the cache past and inside kv_len.
+    ("decode_split_d128", 2, 1, 300, 8, 2, 128, -1, 0, [300, 180], [299, 179],
+     [("v", 0, 40, 1, 7, np.nan), ("k", 0, 200, 1, 3, np.inf), ("v", 1, 250, 0, 1, np.nan), ("v", 1, 181, 1, 100, np.inf),
+      ("k", 1, 299, 1, 0, np.nan)], []),
+    ("kv_padding_d256", 1, 40, 100, 2, 2, 256, -1, -1, [77], [0],
+     [("v", 0, 77, 1, 200, np.nan), ("k", 0, 90, 0, 0, np.nan), ("v", 0, 99, 0, 3, np.inf), ("v", 0, 80, 0, 64, -np.inf)], []),
 ]
 
 
@@ -307,13 +370,14 @@ def test_no_nan_from_hidden_nonfinite_values_or_dead_rows(cfg, dt):
     assert np.array_equal(got[1][lse_ok], want[1][lse_ok]) or np.allclose(got[1][lse_ok], want[1][lse_ok], atol=1e-5), ctx
 
 
+@pytest.mark.parametrize("d", [64, 40], ids=["d64", "d40_padded"])
 @pytest.mark.parametrize("dt", list(DTYPES))
 @pytest.mark.parametrize("b,sq,sk", [(2, 0, 50), (2, 40, 0), (0, 40, 50)], ids=["no_queries", "no_keys", "no_batch"])
-def test_empty_shapes(b, sq, sk, dt):
+def test_empty_shapes(b, sq, sk, dt, d):
     """Calls with an empty dimension (the launcher skips empty grids; on the sm90 setting they stay
     on mma.sync, no tensor map describes an empty tensor): every result fully written, rows with
     no keys fully masked (o = 0, lse = -inf, dq = 0), keys with no queries get dk = dv = 0."""
-    h, hkv, d = 4, 2, 64
+    h, hkv = 4, 2
     rng = np.random.default_rng(seed())
     dtype = DTYPES[dt]
     q, do = (rng.standard_normal((b, sq, h, d)).astype(np.float32).astype(dtype) for _ in range(2))
@@ -334,16 +398,24 @@ def test_empty_shapes(b, sq, sk, dt):
 
 @pytest.mark.parametrize("wl,wr", [(2**63 - 1, 2**63 - 1), (2**63 - 1, 0), (3, 2**63 - 2)])
 def test_windows_near_i64_max_are_unbounded(wl, wr):
+    """Windows near i64::MAX (clamped to 2^40 by the kernels' Mask::make, sm90's KeyInterval) give
+    the bits of unbounded ones, with q_start at both i32 extremes: forward (rows' key intervals)
+    and backward (keys' query intervals, keys_rows)."""
     rng = np.random.default_rng(seed())
     b, sq, sk, h, d = 2, 70, 90, 2, 64
-    q, k, v = (rng.standard_normal(s).astype(np.float32).astype(DTYPES["bf16"]) for s in [(b, sq, h, d), (b, sk, 1, d), (b, sk, 1, d)])
+    q, k, v, do = (rng.standard_normal(s).astype(np.float32).astype(DTYPES["bf16"]) for s in [(b, sq, h, d), (b, sk, 1, d), (b, sk, 1, d), (b, sq, h, d)])
     kv, qs = np.array([90, 50], np.int32), np.array([-(2**31), 2**31 - 80], np.int32)
     unb = lambda w: -1 if w >= 2**40 else w
-    q_, k_, v_, kvg, qsg = on_gpu(q, k, v, kv, qs)
+    q_, k_, v_, kvg, qsg, do_ = on_gpu(q, k, v, kv, qs, do)
     got = ex.flash_attn_fwd(q_, k_, v_, kvg, qsg, scale=0.125, window_left=wl, window_right=wr, platform=PLATFORM)
     want = ex.flash_attn_fwd(q_, k_, v_, kvg, qsg, scale=0.125, window_left=unb(wl), window_right=unb(wr), platform=PLATFORM)
     for g_, w_ in zip(got, want):
         assert np.array_equal(np.asarray(g_).astype(np.float32), np.asarray(w_).astype(np.float32))
+    o, lse = want
+    got = ex.flash_attn_bwd(q_, k_, v_, kvg, qsg, o, lse, do_, scale=0.125, window_left=wl, window_right=wr, platform=PLATFORM)
+    want = ex.flash_attn_bwd(q_, k_, v_, kvg, qsg, o, lse, do_, scale=0.125, window_left=unb(wl), window_right=unb(wr), platform=PLATFORM)
+    for name, g_, w_ in zip(("dq", "dk", "dv"), got, want):
+        assert np.array_equal(np.asarray(g_).astype(np.float32), np.asarray(w_).astype(np.float32)), f"{name} ({wl}, {wr})"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -395,6 +467,9 @@ EXTRA_PARAMS += [pytest.param(BY_NAME_CUDA["gqa"], Extra(bias=p), "f32", id=f"bi
 # key_mask + bias + ALiBi with the bias gradient, over several tiles.
 EXTRA_PARAMS += [pytest.param(BY_NAME_CUDA[f"d{d}_ragged"], Extra(key_mask="holes", bias="B1QK", alibi=True, mask_dtype=n % 4), dt,
                               id=f"feature_set_mask-d{d}-{dt}") for n, d in enumerate(CUDA_DIMS) for dt in DTYPES]
+# The same on the padded head dims (their copies feed the feature-set kernels; dbias written in place).
+EXTRA_PARAMS += [pytest.param(BY_NAME_CUDA[f"d{d}_ragged"], Extra(key_mask="holes", bias="1HQK", alibi=True, mask_dtype=n % 4), dt,
+                              id=f"feature_set_mask-padded-d{d}-{dt}") for n, d in enumerate(PADDED_DIMS) for dt in DTYPES]
 SPECIAL_CUDA = [
     ("mask_all_masked_row", LONG_CUDA, Extra(key_mask="all_masked", mask_dtype=0)),
     ("mask_holes_causal", BY_NAME_CUDA["causal_odd"], Extra(key_mask="holes", mask_dtype=2)),
@@ -482,6 +557,66 @@ def test_extras_forward_and_backward_match_float64(case, extra, dt):
             assert np.all(db[np.isneginf(ext["bias"].astype(np.float32))] == 0), f"dbias at -inf entries ({ctx})"
 
 
+@pytest.mark.parametrize("dt", list(DTYPES))
+@pytest.mark.parametrize("d", [64, 256])
+def test_key_mask_tile_gaps_and_nonfinite_values_at_hidden_keys(d, dt):
+    """key_mask hiding whole key tiles between visible ones (the forward's tile search skips them
+    unloaded; in the backward a block of hidden keys ends at once and writes zeros) and a -inf bias
+    column hiding a key from every row, against the float64 reference; then the same call with
+    inf/NaN in V (and K) at keys only key_mask or the -inf bias hides, which must change nothing.
+    The mask is u8 at D = 64 and i16 at D = 256 (the other widths: EXTRA_PARAMS' mask dtypes).
+    Batch row 1's -inf column lies in a key tile without any other hidden element: there only the
+    bias makes the forward inspect V (flash_fwd.cuh, `!full || has_bias`)."""
+    skip_unless_sm90_forward(dt, d, optional_operands=True)
+    if missing_features(["key_mask", "bias", "bias_grad"]):
+        pytest.skip("this platform lacks key_mask / bias / bias_grad")
+    b, sq, sk, h, hkv = 2, 40, 200, 2, 1
+    x = make(Case("tile_gaps", b, sq, sk, h, hkv, d, q_start="zero"), DTYPES[dt], seed())
+    ctx = f"seed={x.seed} d={d} {dt}"
+    key_mask = np.ones((b, sk), np.uint8 if d == 64 else np.int16)  # 1- and 2-byte mask loads
+    key_mask[0, 64:128] = 0  # key tiles 64.. (BN 64) or 64.., 96.. (BN 32) between visible ones
+    key_mask[0, [5, 150]] = 0
+    key_mask[1, 0:128] = 0  # the first visible tile comes after 2 (BN 64) or 4 (BN 32) hidden ones
+    key_mask[1, 195] = 0
+    bias = np.random.default_rng(x.seed + 3).standard_normal((b, 1, 1, sk)).astype(np.float32)
+    bias[0, 0, 0, 20] = bias[1, 0, 0, 140] = -np.inf
+    ext = {"key_mask": key_mask, "bias": bias.astype(DTYPES[dt])}
+    # (tensor, b, key, kv head, column, value): keys hidden from every row.
+    poison_at = [("v", 0, 100, 0, 3, np.nan), ("k", 0, 101, 0, 2, np.nan), ("v", 0, 5, 0, 1, np.inf), ("k", 0, 150, 0, 0, -np.inf),
+                 ("v", 0, 20, 0, 7, np.inf), ("v", 1, 30, 0, 0, -np.inf), ("k", 1, 64, 0, 5, np.inf), ("v", 1, 140, 0, d - 1, np.nan)]
+    gext = on_gpu_dict(ext)
+
+    def run(k, v):
+        q, k, v, kv, qs, do = on_gpu(x.q, k, v, x.kv_len, x.q_start, x.do)
+        poison((x.q.shape, x.q.dtype), ((b, h, sq), np.float32))
+        o, lse = ex.flash_attn_fwd(q, k, v, kv, qs, platform=PLATFORM, **x.kw, **gext)
+        poison((x.q.shape, x.q.dtype), (x.k.shape, x.k.dtype), (x.v.shape, x.v.dtype), (bias.shape, ext["bias"].dtype))
+        grads = ex.flash_attn_bwd(q, k, v, kv, qs, o, lse, do, platform=PLATFORM, **x.kw, **gext, bias_grad=True)
+        return [o, lse, *grads]
+
+    clean = run(x.k, x.v)
+    ref_o, ref_lse = ex.reference_fwd(x.q, x.k, x.v, x.kv_len, x.q_start, **x.kw, **ext)
+    masked = check_forward(x, dt, clean[0], clean[1], ref_o, ref_lse, ctx)
+    refs = reference_grads(x, ext)
+    assert_grads(x, dt, clean[2:5], refs[:3], ctx, masked=masked)
+    check_dbias(clean[5], refs[3], ext, x.q.shape, 2 * TOL[dt], ctx)
+    hidden = ~key_mask.astype(bool)  # [B, Sk]
+    for bb in range(b):
+        assert np.all(np.asarray(clean[3]).astype(np.float32)[bb, hidden[bb]] == 0), f"dk of hidden keys ({ctx})"
+        assert np.all(np.asarray(clean[4]).astype(np.float32)[bb, hidden[bb]] == 0), f"dv of hidden keys ({ctx})"
+    assert np.all(np.asarray(clean[5]).astype(np.float32)[np.isneginf(bias)] == 0), f"dbias at the -inf entries ({ctx})"
+
+    pk, pv = x.k.copy(), x.v.copy()
+    for t, bb, j, hh, c, val in poison_at:
+        (pk if t == "k" else pv)[bb, j, hh, c] = val
+    got = run(pk, pv)
+    for name, g_, w_ in zip(("o", "lse", "dq", "dk", "dv", "dbias"), got, clean):
+        g_, w_ = np.asarray(g_).astype(np.float32), np.asarray(w_).astype(np.float32)
+        fin = np.isfinite(w_)
+        assert np.array_equal(np.isfinite(g_), fin), f"{name}: non-finite values from inf/NaN at hidden keys ({ctx})"
+        assert rel_err(g_[fin], w_[fin]) <= TOL[dt], f"{name}: rel err {rel_err(g_[fin], w_[fin]):.2e} ({ctx})"
+
+
 # ---------------------------------------------------------------------------------------------
 # Dropout (issue 11): the CUDA kernels draw the contract's Philox mask bit for bit
 # ---------------------------------------------------------------------------------------------
@@ -539,11 +674,73 @@ def test_dropout_statistics_on_the_device():
         assert (m1[:, hh] != m1[:, hh + 1]).mean() > 0.3
 
 
+def tied_entries(key, shape, n=4):
+    """Up to n entries (b, h, i, j) of a [B, H, Sq, Sk] mask whose draw is below 2^24, so that a
+    threshold equal to the draw (or the draw + 1) is floor(rate * 2^32) of an f32 rate exactly.
+    Picked to vary the bits the kernels' tie path keys on: j's half of a word (j & 1), the second
+    n-tile / key octet of a pair ((j >> 3) & 1), the row's upper half of the mma fragment
+    ((i >> 3) & 1, forward) and the query's parity (i & 1, backward)."""
+    b, h, i, j = np.meshgrid(*(np.arange(n_) for n_ in shape), indexing="ij")
+    draws = philox_ref.dropout_draw(key, b, h, i, j)
+    low = np.argwhere(draws < (1 << 24) - 1)
+    picked = []
+    for pattern in ((0, 0, 0, 0), (1, 1, 1, 1), (0, 1, 0, 1), (1, 0, 1, 0)):
+        for e in low:
+            bits = (e[3] & 1, (e[3] >> 3) & 1, (e[2] >> 3) & 1, e[2] & 1)
+            if bits == pattern and not any((e == p).all() for p in picked):
+                picked.append(e)
+                break
+    return [(tuple(int(c) for c in e), int(draws[tuple(e)])) for e in picked[:n]]
+
+
+@pytest.mark.parametrize("dt", DROPOUT_DTYPES, ids=["f32", "f16", "bf16"])
+def test_dropout_ties_are_decided_by_the_lower_half(dt):
+    """An entry whose draw's upper half equals the threshold's is decided by the lower half (the
+    y draw, computed only then: probability 2^-16 per entry, so random thresholds almost never
+    reach it). The threshold is forced onto chosen entries' draws (T = draw: kept; T = draw + 1:
+    dropped) and the mask both kernels apply must be the contract's bit for bit: the forward's
+    as o (q = 0, V the identity over keys), the backward's as dV (dO the identity over queries:
+    dV[b, j, h, i] = M[b, h, i, j] * scale / Sk)."""
+    skip_unless_sm90_forward("", 64, optional_operands=True)
+    if missing_features(["dropout"]):
+        pytest.skip("this platform does not report the dropout feature")
+    key = (0x9E3779B9, 0x7F4A7C15)
+    b, s, h = 2, 64, 2
+    entries = tied_entries(key, (b, h, s, s))
+    assert len(entries) == 4, entries
+    rng = np.random.default_rng(seed())
+    q = np.zeros((b, s, h, s), dt)
+    k = rng.standard_normal((b, s, h, s)).astype(dt)
+    v = np.broadcast_to(np.eye(s, dtype=np.float32)[None, :, None, :], (b, s, h, s)).astype(dt)
+    do = np.broadcast_to(np.eye(s, dtype=np.float32)[None, :, None, :], (b, s, h, s)).astype(dt)
+    kv, qs = np.full((b,), s, np.int32), np.zeros((b,), np.int32)
+    gq, gk, gv, gkv, gqs, gdo, gkey = on_gpu(q, k, v, kv, qs, do, np.asarray(key, np.uint32))
+    for entry, draw in entries:
+        for thr, kept in ((draw, True), (draw + 1, False)):
+            rate = thr / 2**32
+            assert philox_ref.threshold(rate) == thr
+            want = philox_ref.mask(key, rate, (b, h, s, s))
+            assert want[entry] == kept, (entry, thr)
+            kw = dict(scale=1.0, platform=PLATFORM, dropout_key=gkey, dropout_rate=rate)
+            poison(((b, s, h, s), dt), ((b, h, s), np.float32))
+            o, lse = ex.flash_attn_fwd(gq, gk, gv, gkv, gqs, **kw)
+            fwd = np.asarray(o, np.float64).transpose(0, 2, 1, 3) > 0  # [B, H, Sq, Sk]
+            poison(((b, s, h, s), dt), ((b, s, h, s), dt), ((b, s, h, s), dt))
+            dv = np.asarray(ex.flash_attn_bwd(gq, gk, gv, gkv, gqs, o, lse, gdo, **kw)[2], np.float64)
+            bwd = dv.transpose(0, 2, 3, 1) > 0  # dv[b, j, h, i] -> [B, H, Sq = i, Sk = j]
+            assert np.isfinite(np.asarray(o, np.float64)).all() and np.isfinite(dv).all(), f"unwritten or non-finite o / dv ({thr:#x})"
+            for what, got in (("forward", fwd), ("backward", bwd)):
+                bad = np.argwhere(got != want)
+                assert bad.size == 0, f"{what} mask differs at {bad[:4].tolist()} (T = {thr:#x}, forced tie at {entry})"
+
 # Every config at two head dims; the dropout-only and dropout-with-everything feature sets (their
 # own kernel images) at every head dim.
 DROPOUT_PARAMS = [pytest.param(name, d, dt, id=f"{name}-{d}-{i}") for name in DROPOUT_CONFIGS for d in (64, 128)
                   for dt, i in zip(DROPOUT_DTYPES, ["f32", "f16", "bf16"])]
 DROPOUT_PARAMS += [pytest.param(name, d, dt, id=f"{name}-{d}-{i}") for name in ("plain", "everything") for d in CUDA_DIMS if d not in (64, 128)
+                   for dt, i in zip(DROPOUT_DTYPES, ["f32", "f16", "bf16"])]
+# Padded head dims with dropout (the mask does not depend on the head dim).
+DROPOUT_PARAMS += [pytest.param("everything", d, dt, id=f"everything-padded-{d}-{i}") for d in (80, 72)
                    for dt, i in zip(DROPOUT_DTYPES, ["f32", "f16", "bf16"])]
 
 
@@ -587,6 +784,165 @@ def test_dropout_forward_backward_match_float64(name, d, dt):
         np.testing.assert_array_equal(np.isfinite(x), fin, err_msg=f"{name} {what}: non-finite entries differ")
         err = np.max(np.abs(x[fin] - y[fin])) / max(np.max(np.abs(y[fin])), 1e-2) if fin.any() else 0.0
         assert err < bar, f"{name} d={d} {dt}: {what} relative error {err:.2e} >= {bar}"
+
+
+# ---------------------------------------------------------------------------------------------
+# Split-KV decode (issue 34): a decode call (Sq <= 16) runs flash_fwd_split (every head of a GQA
+# group and every query row in one CTA, the key range split across CTAs) and, with several
+# splits, flash_fwd_combine. EXLA_RS_CUDA_SPLITS (read at every call) forces the split count
+# (clamped to what the workspace holds) or turns the path off: each case runs split and non-split
+# and both must match float64 and each other within the contract's tolerances.
+# ---------------------------------------------------------------------------------------------
+import contextlib  # noqa: E402
+
+
+@contextlib.contextmanager
+def cuda_splits(value):
+    old = os.environ.get("EXLA_RS_CUDA_SPLITS")
+    os.environ["EXLA_RS_CUDA_SPLITS"] = str(value)
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("EXLA_RS_CUDA_SPLITS", None)
+        else:
+            os.environ["EXLA_RS_CUDA_SPLITS"] = old
+
+
+def decode_cases(d):
+    """Decode shapes at head dim d: Sq = 1 with GQA and a ragged cache (a batch row with kv_len 0,
+    random q_start: Bumblebee's offset), small Sq with MQA, a sliding window and softcap, Sq = 16
+    (the decode bound), and a long call (Sq = 40, > 8 key tiles) that the workspace lets split."""
+    return [
+        Case(f"dec1_gqa_d{d}", 3, 1, 300, 8, 2, d, causal=True, kv_len="random", q_start="random"),
+        Case(f"dec5_mqa_win_softcap_d{d}", 2, 5, 260, 6, 1, d, causal=True, window_size=(90, 0), softcap=12.0, q_start="random"),
+        Case(f"dec16_d{d}", 1, 16, 200, 4, 4, d, kv_len="short", q_start="zero", scale=0.3),
+        Case(f"long40_gqa_d{d}", 1, 40, 600 if d <= 128 else 300, 4, 2, d, causal=True, q_start="default"),
+    ]
+
+
+# Every kernel head dim in both 16-bit types, several forced split counts (7 > the visible tiles of
+# most row blocks here: empty splits; 128 is clamped to the workspace's limit); f32 (the SIMT
+# forward, documented) at two head dims.
+DECODE_PARAMS = [pytest.param(c, dt, n, id=f"{c.name}-{dt}-s{n}") for d in CUDA_DIMS for dt in ("f16", "bf16")
+                 for c, n in zip(decode_cases(d), (3, 7, 128, 2))]
+DECODE_PARAMS += [pytest.param(c, "f32", 4, id=f"{c.name}-f32-s4") for d in (64, 256) for c in decode_cases(d)[:2]]
+
+
+def check_split_vs_reference(x, dt, got, ref, ctx):
+    o, lse = (np.asarray(t) for t in got)
+    ref_o, ref_lse = ref
+    return check_forward(x, dt, o, lse, ref_o, ref_lse, ctx)
+
+
+@pytest.mark.parametrize("case,dt,splits", DECODE_PARAMS)
+def test_decode_split_matches_float64_and_the_non_split_forward(case, dt, splits):
+    skip_unless_sm90_forward(dt, case.d, forward_only_test=False)  # the split path is not the sm90 forward
+    x = make(case, DTYPES[dt], seed())
+    ctx = f"seed={x.seed} splits={splits}"
+    ref = ex.reference_fwd(x.q, x.k, x.v, x.kv_len, x.q_start, **x.kw)
+    with cuda_splits(splits):
+        split_o, split_lse = run_fwd(x)
+    with cuda_splits("off"):
+        base_o, base_lse = run_fwd(x)
+    check_split_vs_reference(x, dt, (split_o, split_lse), ref, ctx)
+    check_split_vs_reference(x, dt, (base_o, base_lse), ref, ctx + " (non-split)")
+    split_o, base_o = np.asarray(split_o).astype(np.float32), np.asarray(base_o).astype(np.float32)
+    split_lse, base_lse = np.asarray(split_lse), np.asarray(base_lse)
+    assert rel_err(split_o, base_o) <= TOL[dt], f"split vs non-split o: {rel_err(split_o, base_o):.2e} ({ctx})"
+    assert np.array_equal(np.isneginf(split_lse), np.isneginf(base_lse)), ctx
+    fin = np.isfinite(base_lse)
+    assert np.max(np.abs(split_lse[fin] - base_lse[fin]), initial=0) <= 1e-4 * max(1.0, np.abs(base_lse[fin]).max(initial=1)), ctx
+
+
+# The masks-and-terms split kernels at every head dim (key_mask of every width, bias of every
+# dtype and broadcast over heads and rows, ALiBi), and the special cases: rows fully masked by the
+# key mask or by a -inf bias, left padding over whole tiles.
+DECODE_EXTRA_PARAMS = [pytest.param(decode_cases(d)[n % 2], Extra(key_mask="holes", bias=("BHQK", "B1QK", "1H1K")[n % 3], bias_f32=n % 2 == 1,
+                                                                   alibi=True, mask_dtype=n % 4), dt, 3 + n, id=f"mask-d{d}-{dt}")
+                       for n, d in enumerate(CUDA_DIMS) for dt in ("f16", "bf16")]
+DECODE_EXTRA_PARAMS += [pytest.param(c, e, dt, 5, id=f"{name}-{dt}") for name, c, e in [
+    ("all_masked", decode_cases(64)[0], Extra(key_mask="all_masked", mask_dtype=1)),
+    ("bias_neginf", decode_cases(128)[1], Extra(bias="BHQK", bias_neg_inf=True, bias_f32=True)),
+    ("left_pad_alibi", decode_cases(128)[2], Extra(key_mask="left_pad", alibi=True, mask_dtype=3)),
+] for dt in ("f16", "bf16")]
+
+
+@pytest.mark.parametrize("case,extra,dt,splits", DECODE_EXTRA_PARAMS)
+def test_decode_split_with_masks_bias_alibi(case, extra, dt, splits):
+    skip_unless_sm90_forward(dt, case.d, optional_operands=True)
+    x = make(case, DTYPES[dt], seed())
+    ext = make_extras(x, extra, DTYPES[dt])
+    ctx = f"seed={x.seed} {extra.name()} splits={splits}"
+    gext = on_gpu_dict(ext)
+    q, k, v, kv, qs = on_gpu(x.q, x.k, x.v, x.kv_len, x.q_start)
+    ref_o, ref_lse = ex.reference_fwd(x.q, x.k, x.v, x.kv_len, x.q_start, **x.kw, **ext)
+    outs = {}
+    for setting in (splits, "off"):
+        poison((x.q.shape, x.q.dtype), ((case.b, case.h, case.sq), np.float32))
+        with cuda_splits(setting):
+            outs[setting] = ex.flash_attn_fwd(q, k, v, kv, qs, platform=PLATFORM, **x.kw, **gext)
+        masked = check_forward(x, dt, *outs[setting], ref_o, ref_lse, f"{ctx} setting={setting}")
+    if extra.key_mask == "all_masked" or extra.bias_neg_inf:
+        assert masked.any(), f"the case should have fully masked rows ({ctx})"
+    a, b = (np.asarray(outs[s][0]).astype(np.float32) for s in (splits, "off"))
+    assert rel_err(a, b) <= TOL[dt], ctx
+
+
+@pytest.mark.parametrize("dt", ["f16", "bf16"])
+def test_decode_split_nan_in_a_visible_key_poisons_its_rows_only(dt):
+    """A NaN in K or V at a key a row sees makes that row's o NaN on both paths (the combine pass
+    must not drop the split that holds it); the other KV head's rows stay equal to a clean call."""
+    skip_unless_sm90_forward(dt, 64, forward_only_test=False)
+    rng = np.random.default_rng(seed())
+    b, sk, h, hkv, d = 2, 300, 4, 2, 64
+    q, k, v = (rng.standard_normal(sh).astype(np.float32).astype(DTYPES[dt]) for sh in ((b, 1, h, d), (b, sk, hkv, d), (b, sk, hkv, d)))
+    kv, qs = np.array([300, 250], np.int32), np.array([299, 249], np.int32)
+    pk, pv = k.copy(), v.copy()
+    pk[0, 10, 0, 3] = np.nan   # batch 0, KV head 0: heads 0 and 1 see it (split 0 of 4)
+    pv[1, 200, 1, 5] = np.nan  # batch 1, KV head 1: heads 2 and 3 (a middle split)
+    kw = dict(scale=0.125, window_left=-1, window_right=0)
+    runs = {}
+    for setting in (4, "off"):
+        for name, kk, vv in (("clean", k, v), ("poisoned", pk, pv)):
+            with cuda_splits(setting):
+                o, _ = ex.flash_attn_fwd(*on_gpu(q, kk, vv, kv, qs), platform=PLATFORM, **kw)
+            runs[setting, name] = np.asarray(o).astype(np.float32)
+    # NaN where the poison reaches: every column of the rows whose score is NaN (K), column 5 of
+    # the rows that weigh the NaN V; everything else as in the clean call, bit for bit.
+    dirty = np.zeros((b, 1, h, d), bool)
+    dirty[0, 0, :2, :] = True
+    dirty[1, 0, 2:, 5] = True
+    for setting in (4, "off"):
+        got = runs[setting, "poisoned"]
+        assert np.isnan(got[dirty]).all(), f"splits={setting}: a row that sees a NaN key must be NaN there"
+        assert np.array_equal(got[~dirty], runs[setting, "clean"][~dirty]), f"splits={setting}: clean entries changed"
+
+
+@pytest.mark.parametrize("dt", ["f16", "bf16"])
+def test_decode_split_counts_and_dropout_fallback(dt):
+    """One call at every split count from 1 to past the key tiles (each clamped to the workspace's
+    limit): the same result each time within rounding; dropout calls take the non-split forward."""
+    skip_unless_sm90_forward(dt, 64, forward_only_test=False)
+    case = Case("counts", 2, 2, 330, 4, 1, 64, causal=True, kv_len="random", q_start="random")
+    x = make(case, DTYPES[dt], seed())
+    ref = ex.reference_fwd(x.q, x.k, x.v, x.kv_len, x.q_start, **x.kw)
+    for n in (1, 2, 3, 4, 5, 6, 9, 128):
+        with cuda_splits(n):
+            o, lse = run_fwd(x)
+        check_split_vs_reference(x, dt, (o, lse), ref, f"seed={x.seed} splits={n}")
+    if missing_features(["dropout"]):
+        return
+    key = on_gpu(np.array([5, 9], np.uint32))[0]
+    q, k, v, kv, qs = on_gpu(x.q, x.k, x.v, x.kv_len, x.q_start)
+    before = dict(ex.gpusim_launch_counts()) if PLATFORM == "cuda-on-cpu" else None
+    with cuda_splits(4):
+        o, _ = ex.flash_attn_fwd(q, k, v, kv, qs, platform=PLATFORM, **x.kw, dropout_key=key, dropout_rate=0.25)
+    assert np.isfinite(np.asarray(o).astype(np.float32)).all()
+    if before is not None:
+        after = ex.gpusim_launch_counts()
+        ran = {n for n in after if after[n] != before.get(n, 0)}
+        assert ran == {f"exla_rs_fwd_{dt}_d64_drop"}, ran
 
 
 # ---------------------------------------------------------------------------------------------

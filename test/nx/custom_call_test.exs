@@ -140,7 +140,8 @@ defmodule ExlaRs.CustomCallTest do
   end
 
   test "a result template that is not the contract's skips" do
-    {{fwd, fout, fargs}, _} = blocks({:f, 32}, {1, 4, 2, 16}, {1, 4, 2, 16}, [])
+    # A native CUDA head dim: no platform needs a forward workspace (a padded one, e.g. 16, would).
+    {{fwd, fout, fargs}, _} = blocks({:f, 32}, {1, 4, 2, 32}, {1, 4, 2, 32}, [])
     {o, lse} = fout
     assert {:ok, _} = EXLA.CustomCall.call(fwd, fout, fargs, client(:host))
     assert :skip == EXLA.CustomCall.call(fwd, {o}, fargs, client(:host))
@@ -166,6 +167,37 @@ defmodule ExlaRs.CustomCallTest do
         assert {:ok, _} = EXLA.CustomCall.call(tag, out, args, client(platform))
       end
     end
+  end
+
+  test "head dims without a native CUDA kernel (D = 80 and others) go to the custom call on CUDA, padded" do
+    # Issue 33, part 4: CUDA runs any D in 1..=256, the ones without a kernel on the next kernel
+    # head dim through zero-padded copies in the workspace, which the traced program carries.
+    for d <- [80, 40, 160, 72, 8], type <- [{:bf, 16}, {:f, 32}] do
+      {q, k} = {{1, 4, 2, d}, {1, 6, 2, d}}
+      {{fwd, fout, fargs}, {bwd, bout, bargs}} = blocks(type, q, k, causal: true, bias: Nx.iota({1, 2, 4, 6}, type: :f32))
+      [fwd_cuda, bwd_cuda] = for pass <- [0, 1], do: native_ws(pass, :cuda, type, q, k)
+      # The forward of a padded head dim takes a workspace (the q, k, v, o copies); the backward's
+      # holds the kernels' scratch and eight copies.
+      assert fwd_cuda > 0 and bwd_cuda > fwd_cuda, "D=#{d} #{inspect(type)}: #{fwd_cuda}, #{bwd_cuda}"
+      assert fwd.workspace == fwd_cuda
+
+      dbias = ExlaRs.NIF.dbias_workspace_bytes(1, 1, 2, 4, 6)
+      assert bwd.bias_grad and bwd.workspace == bwd_cuda + dbias
+
+      for platform <- [:cuda, :host] do
+        assert {:ok, %EXLA.CustomCall.Spec{call_target_name: "exla_rs_flash_attn_fwd"}} =
+                 EXLA.CustomCall.call(fwd, fout, fargs, client(platform)),
+               "D=#{d} forward on #{platform}"
+
+        assert {:ok, %EXLA.CustomCall.Spec{call_target_name: "exla_rs_flash_attn_bwd"}} =
+                 EXLA.CustomCall.call(bwd, bout, bargs, client(platform)),
+               "D=#{d} backward on #{platform}"
+      end
+    end
+
+    # Native head dims keep their old workspace (none in the forward); past 256 nothing runs.
+    assert native_ws(0, :cuda, {:bf, 16}, {1, 4, 2, 96}, {1, 6, 2, 96}) == 0
+    assert native_ws(0, :cuda, {:bf, 16}, {1, 4, 2, 320}, {1, 6, 2, 320}) == -1
   end
 
   test "the widened backward block of the lse gradient is ours too" do

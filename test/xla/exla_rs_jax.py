@@ -91,6 +91,12 @@ def gpusim_bank_stats():
     return _json_export("exla_rs_cuda_on_cpu_bank_stats_json")
 
 
+def gpusim_traffic() -> dict:
+    """cuda-on-cpu: global-memory bytes per kernel since the last reset ({kernel: {read, written,
+    atomic}}); counted by the executor's statistics build only ({} otherwise)."""
+    return _json_export("exla_rs_cuda_on_cpu_traffic_json")
+
+
 def gpusim_stats_reset() -> None:
     """cuda-on-cpu: forgets the launch counts and the bank statistics."""
     load("cuda-on-cpu").exla_rs_cuda_on_cpu_stats_reset()
@@ -162,8 +168,30 @@ def flash_attn_bwd(q, k, v, kv_len, q_start, o, lse, do, *, scale, softcap=0.0, 
     return tuple(res[:4]) if bias_grad else (res[0], res[1], res[2])
 
 
-# Head dims the CUDA kernels are built for; the lse-gradient pass pads to one of them.
+# Head dims the CUDA kernels are built for; the lse-gradient pass pads to one of them. Every other
+# head dim in 1..=256 runs on CUDA too, padded to the next of these (kernel_head_dim).
 KERNEL_HEAD_DIMS = (32, 64, 96, 128, 192, 256)
+
+
+def kernel_head_dim(d: int):
+    """The head dim the CUDA kernels run a call of head dim d on (config.rs kernel_head_dim): d
+    itself when it has a kernel, else the next kernel head dim (zero-padded copies in the
+    workspace); None for 0 and past 256."""
+    return next((n for n in KERNEL_HEAD_DIMS if n >= d), None) if d >= 1 else None
+
+
+def padded_workspace_bytes(pass_: int, dtype, b, sq, sk, h, hkv, d) -> int:
+    """The CUDA workspace of a padded head dim, as docs/flash-attention-contract.md ("Head dims on
+    CUDA") lays it out: for the backward the kernels' scratch at Dk (delta f32[B,H,Sq], and for
+    f16/bf16 the f32 dq accumulator [B,Sq,H,Dk]) rounded up to 256 bytes, then 256-aligned copies
+    of q, k, v, o (forward) or q, k, v, o, do, dq, dk, dv (backward)."""
+    a = lambda n: -(-n // 256) * 256
+    dk, e = kernel_head_dim(d), np.dtype(dtype).itemsize
+    qb, kvb = a(b * sq * h * dk * e), a(b * sk * hkv * dk * e)
+    if pass_ == 0:
+        return 2 * qb + 2 * kvb
+    scratch = a(b * h * sq * 4) + (0 if np.dtype(dtype) == np.float32 else b * sq * h * dk * 4)
+    return a(scratch) + 4 * qb + 4 * kvb
 
 
 def lse_grad_head_dim(d: int) -> int:

@@ -53,7 +53,9 @@ defmodule ExlaRs.Status.Formatter do
           else: " (libnvrtc not loadable now)"
         ),
       "kernel files: #{Map.get(k, :kernel_files, 0)}"
-    ] ++ if(Map.get(k, :note), do: ["note: #{k.note}"], else: [])
+    ] ++
+      if(Map.get(k, :head_dims), do: ["head dims: #{k.head_dims}"], else: []) ++
+      if(Map.get(k, :note), do: ["note: #{k.note}"], else: [])
   end
 
   defp runtimes([]), do: ["none loaded in this VM (start :exla, or ExlaRs.load_pjrt_plugin/1)"]

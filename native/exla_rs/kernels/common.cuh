@@ -7,13 +7,13 @@
 // 16-bit patterns converted with PTX `cvt`; everything targets sm_80 and newer.
 //
 // One switch, here and nowhere inside a kernel: EXLA_RS_CPU compiles the same kernels as host C++
-// for the GPU-on-CPU executor (kernels/cpu/), which supplies CUDA's built-ins and a CPU model of
+// for the GPU-on-CPU executor (crates/exla-rs-gpusim/executor/), which supplies CUDA's built-ins and a CPU model of
 // every PTX wrapper of ptx.cuh. The include goes through a macro so that the NVRTC flattener
 // (crates/exla-rs-cuda/build.rs) never inlines the host-only headers.
 #pragma once
 
 #if defined(EXLA_RS_CPU)
-#define EXLA_RS_CPU_DEVICE_HEADER "cpu/device.hpp"
+#define EXLA_RS_CPU_DEVICE_HEADER "executor/device.hpp"
 #include EXLA_RS_CPU_DEVICE_HEADER
 #else
 #include "ptx.cuh"
@@ -250,7 +250,7 @@ struct Swz {
 };
 
 // cp.async (16 bytes global -> shared; src_bytes = 0 writes zeros), its groups, and ldmatrix: the
-// wrappers live in ptx.cuh (and their CPU models in cpu/device.hpp).
+// wrappers live in ptx.cuh (and their CPU models in crates/exla-rs-gpusim/executor/device.hpp).
 using ptx::cp_async16;
 using ptx::cp_async_commit;
 using ptx::cp_async_wait;

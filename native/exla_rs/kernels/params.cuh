@@ -39,6 +39,17 @@ struct FwdParams {
   ExtraParams x;
 };
 
+// The split-KV forward (flash_fwd_split.cuh, issue 34): the call's FwdParams plus the split count and
+// the f32 partials in XLA's workspace (row (split, b, h, i), in lse order); the combine pass takes
+// the same block. With num_splits = 1 the split kernel writes o / lse itself and the partials are null.
+struct SplitParams {
+  FwdParams f;
+  float* o_part;    // f32 [num_splits, B, H, Sq, D]: each split's o, normalised by its own row sum
+  float* lse_part;  // f32 [num_splits, B, H, Sq]: each split's lse (-inf where it saw no key)
+  int num_splits;
+  int row_blocks;   // ceil(H / Hkv * Sq / kBlockM): grid.x = row_blocks * num_splits
+};
+
 // Backward: the forward's operands plus o, lse, do; results dq/dk/dv and two f32 scratch arrays in
 // XLA's workspace: delta [B,H,Sq] = rowsum(do * o), and (tensor-core path) dq_accum [B,Sq,H,D].
 struct BwdParams {
@@ -69,9 +80,23 @@ struct BwdParams {
   long long dbias_elems;
 };
 
+// The pad kernel's block (pad.cuh): head dims without a kernel run on the next kernel head dim
+// with zero-padded copies of their operands and results in the workspace.
+struct PadParams {
+  const void* src;  // [rows, src_cols] elements
+  void* dst;        // [rows, dst_cols] elements
+  long long rows;
+  int src_cols;
+  int dst_cols;
+  int copy_cols;    // columns copied; dst columns [copy_cols, dst_cols) are written 0
+  int unused;
+};
+
 }  // namespace exla_rs
 
 // The Rust mirror checks the same numbers (crates/exla-rs-cuda/src/params.rs).
 static_assert(sizeof(exla_rs::ExtraParams) == 80, "ExtraParams layout changed: update params.rs");
 static_assert(sizeof(exla_rs::FwdParams) == 192, "FwdParams layout changed: update params.rs");
 static_assert(sizeof(exla_rs::BwdParams) == 264, "BwdParams layout changed: update params.rs");
+static_assert(sizeof(exla_rs::SplitParams) == 216, "SplitParams layout changed: update params.rs");
+static_assert(sizeof(exla_rs::PadParams) == 40, "PadParams layout changed: update params.rs");

@@ -1,7 +1,7 @@
 // Every PTX instruction the sm_80 kernels issue by hand, one thin inline-asm wrapper each. The
 // GPU-on-CPU executor models the same functions from the PTX ISA's definitions
-// (kernels/cpu/device.hpp): a kernel calls these and nothing else written in asm, so the same
-// kernel text runs on both. Header-free (NVRTC compiles this text too).
+// (crates/exla-rs-gpusim/executor/device.hpp): a kernel calls these and nothing else written in
+// asm, so the same kernel text runs on both. Header-free (NVRTC compiles this text too).
 #pragma once
 
 #define EXLA_RS_DEVICE __device__ __forceinline__

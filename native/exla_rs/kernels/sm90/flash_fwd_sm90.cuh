@@ -44,7 +44,7 @@ struct FwdTraits {
   // split that asks more than the launch pool hangs every call (48/232 did at D = 256 on an
   // H200). D = 256 consumers spill at 224 and the producer at 40 needs its V inspection loop's
   // rare path rolled (fwd_producer); sass_stats.py --check-regpool reads the same sum from the
-  // cubins, and the executor (kernels/cpu) models the pool.
+  // cubins, and the executor (crates/exla-rs-gpusim) models the pool.
   static constexpr int kLaunchRegs = launch_reg_cap(kThreads);
   static constexpr int kProducerRegs = D == 256 ? 40 : 56;
   static constexpr int kConsumerRegs = D == 256 ? 232 : 224;
@@ -148,7 +148,7 @@ EXLA_RS_SM90 float exp2_approx(float x) { return ptx::ex2_approx_ftz(x); }
 EXLA_RS_SM90 float tanh_approx(float x) { return ptx::tanh_approx(x); }
 
 // ---------------------------------------------------------------------------------------------
-// Descriptor addresses (kernels/sm90/emulate_wgmma.py computes the same numbers).
+// Descriptor addresses (executor/tests/sm90_models_test.cpp reads a tile back through the same numbers).
 // Q and K are K-major: a k-step of 16 elements moves 32 bytes inside a 128-byte swizzled row
 // (the hardware applies the swizzle to the final address), and every 4 k-steps the next column
 // block. V is MN-major (head dim contiguous): a k-step of 16 keys is two whole 8-row atoms,

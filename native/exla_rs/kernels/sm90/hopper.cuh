@@ -1,7 +1,7 @@
 // The sm_90a instructions the Hopper kernels use, one thin wrapper each: mbarriers, the bulk tensor
 // copy engine (TMA), wgmma's fences and shared-memory matrix descriptors, setmaxnreg and named
-// barriers. Header-free like common.cuh (NVRTC compiles the same text). The descriptor and swizzle
-// arithmetic here is mirrored line for line by kernels/sm90/emulate_wgmma.py: change both.
+// barriers. Header-free like common.cuh (NVRTC compiles the same text). The GPU-on-CPU executor
+// runs this text with CPU models of the instructions (crates/exla-rs-gpusim/executor/sm90_isa.hpp).
 #pragma once
 
 namespace exla_rs {
@@ -14,7 +14,7 @@ typedef unsigned long long u64;
 // Registers per thread ptxas gives a kernel declared __launch_bounds__(threads, 1): the 64K
 // register file over the threads, in the allocation unit of 8, at most 255 (checked against
 // cuobjdump's REG for 128..1024 threads; 384 -> 168). setmaxnreg moves registers within that
-// block-wide pool: sass_stats.py --check-regpool and the executor (kernels/cpu) use the same rule.
+// block-wide pool: sass_stats.py --check-regpool and the executor (crates/exla-rs-gpusim) use the same rule.
 __host__ __device__ constexpr int launch_reg_cap(int threads) { return 65536 / threads / 8 * 8 < 255 ? 65536 / threads / 8 * 8 : 255; }
 
 // The driver's CUtensorMap: 128 opaque bytes, 64-byte aligned by the driver's declaration; we ask
@@ -29,10 +29,10 @@ struct __align__(128) TensorMap {
 }  // namespace exla_rs
 
 // The instruction wrappers: inline PTX on the GPU (ptx_sm90.cuh, wgmma_ops.cuh), their CPU models
-// in the GPU-on-CPU executor (kernels/cpu/sm90_isa.hpp). The include goes through a macro so the
+// in the GPU-on-CPU executor (crates/exla-rs-gpusim/executor/sm90_isa.hpp). The include goes through a macro so the
 // NVRTC flattener never inlines the host-only header.
 #if defined(EXLA_RS_CPU)
-#define EXLA_RS_CPU_SM90_HEADER "../cpu/sm90_isa.hpp"
+#define EXLA_RS_CPU_SM90_HEADER "executor/sm90_isa.hpp"
 #include EXLA_RS_CPU_SM90_HEADER
 #else
 #include "ptx_sm90.cuh"

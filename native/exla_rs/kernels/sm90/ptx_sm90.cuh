@@ -1,6 +1,6 @@
 // The sm_90a instructions the Hopper kernels issue by hand (mbarriers, TMA, named barriers,
-// setmaxnreg, wgmma ordering), one inline-asm wrapper each. kernels/cpu/sm90_isa.hpp models the
-// same functions for the GPU-on-CPU executor. Included by hopper.cuh only.
+// setmaxnreg, wgmma ordering), one inline-asm wrapper each. The GPU-on-CPU executor models the
+// same functions (crates/exla-rs-gpusim/executor/sm90_isa.hpp). Included by hopper.cuh only.
 #pragma once
 
 namespace exla_rs {

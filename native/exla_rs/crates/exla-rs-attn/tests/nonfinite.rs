@@ -3,7 +3,8 @@
 //! `do` (and `q`) of a fully masked row reaches nothing; a window near i64::MAX is unbounded.
 //! Each poisoned run is compared with the same call on poison-free inputs (the poison replaced by
 //! 0), on every output a row or key that does not see the poison produces. The CUDA kernels are
-//! checked on the same cases by kernels/emulate.py.
+//! checked on the same cases by test/gpu/test_cuda_xla.py (on a GPU, or on the CPU by the
+//! GPU-on-CPU executor).
 
 use exla_rs_attn::host::{backward, forward, BwdInputs, BwdOutputs, FwdInputs, FwdOutputs};
 use exla_rs_attn::{AttnOptions, AttnShape, KeyRange};

@@ -7,6 +7,79 @@ use exla_rs_attn::{AttnShape, ElementType, Pass};
 /// Head dims with a kernel instantiation (kernels/generate.py).
 pub const HEAD_DIMS: [usize; 6] = [32, 64, 96, 128, 192, 256];
 
+/// Every head dim up to this one runs: natively when it is in [`HEAD_DIMS`], else padded.
+pub const MAX_PADDED_HEAD_DIM: usize = 256;
+
+/// The kernel head dim a call of head dim `d` runs on: `d` itself when it is one of [`HEAD_DIMS`],
+/// else the next one up, with the operands and results copied through zero-padded workspace
+/// buffers (kernels/pad.cuh, [`PadLayout`]); None for 0 and past 256.
+pub fn kernel_head_dim(d: usize) -> Option<usize> {
+    if d == 0 {
+        return None;
+    }
+    HEAD_DIMS.iter().copied().find(|&k| k >= d)
+}
+
+/// What `status()` and the contract say about head dims: which run natively, which padded.
+pub fn head_dims_summary() -> String {
+    let native: Vec<String> = HEAD_DIMS.iter().map(|d| d.to_string()).collect();
+    format!(
+        "native: D = {}; padded: every other D in 1..={MAX_PADDED_HEAD_DIM} runs on the next native D \
+         (operands copied into zero-padded workspace buffers, results copied back; the caller's scale)",
+        native.join(", ")
+    )
+}
+
+/// Where a padded call (head dim D without a kernel, run on Dk = [`kernel_head_dim`]) keeps its
+/// zero-padded `[rows, Dk]` copies: byte offsets into the workspace, each 256-aligned, after the
+/// kernels' own scratch (the backward's delta and dq accumulator, sized for Dk). The forward pads
+/// q, k, v and writes o there; the backward pads q, k, v, o, do and writes dq, dk, dv there. The
+/// copies keep the kernels' alignment rules: every row is Dk elements (>= 64 bytes, a multiple of
+/// 16), every buffer starts on a 256-byte boundary of the workspace.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PadLayout {
+    /// Dk, the kernel head dim.
+    pub head_dim: usize,
+    pub q: usize,
+    pub k: usize,
+    pub v: usize,
+    pub o: usize,
+    /// Backward only (0 in the forward).
+    pub d_o: usize,
+    pub dq: usize,
+    pub dk: usize,
+    pub dv: usize,
+    /// The end of the last buffer: the base workspace of the padded call.
+    pub end: usize,
+}
+
+/// The call's pad layout, or None when D has a kernel (or none at all).
+pub fn pad_layout(pass: Pass, dtype: ElementType, shape: &AttnShape) -> Option<PadLayout> {
+    let dk = kernel_head_dim(shape.head_dim).filter(|&k| k != shape.head_dim)?;
+    let padded = AttnShape { head_dim: dk, ..*shape };
+    let e = dtype.size_bytes();
+    let q_bytes = align256(shape.batch * shape.seq_q * shape.heads * dk * e);
+    let kv_bytes = align256(shape.batch * shape.seq_k * shape.kv_heads * dk * e);
+    let mut at = match pass {
+        Pass::Forward => 0,
+        Pass::Backward => {
+            let (delta, accum) = bwd_workspace_layout(dtype, &padded);
+            align256(delta + accum)
+        }
+    };
+    let mut take = |n: usize| {
+        let start = at;
+        at += n;
+        start
+    };
+    let (q, k, v, o) = (take(q_bytes), take(kv_bytes), take(kv_bytes), take(q_bytes));
+    let (d_o, dq, dk_at, dv) = match pass {
+        Pass::Forward => (0, 0, 0, 0),
+        Pass::Backward => (take(q_bytes), take(q_bytes), take(kv_bytes), take(kv_bytes)),
+    };
+    Some(PadLayout { head_dim: dk, q, k, v, o, d_o, dq, dk: dk_at, dv, end: at })
+}
+
 /// Grid y and z hold heads and batch: the hardware caps both at 65535.
 const MAX_GRID_YZ: usize = 65_535;
 
@@ -23,10 +96,10 @@ pub struct Launch {
 
 /// Why a valid call has no CUDA kernel, or Ok.
 pub fn check_supported(dtype: ElementType, shape: &AttnShape) -> Result<(), String> {
-    if !HEAD_DIMS.contains(&shape.head_dim) {
+    if kernel_head_dim(shape.head_dim).is_none() {
         return Err(format!(
-            "no CUDA kernel for head dim D={} ({}); CUDA kernels exist for D in {:?}",
-            shape.head_dim, dtype, HEAD_DIMS
+            "no CUDA kernel for head dim D={} ({}): the kernels run D in {:?} natively and every other D in 1..={} padded",
+            shape.head_dim, dtype, HEAD_DIMS, MAX_PADDED_HEAD_DIM
         ));
     }
     if shape.heads > MAX_GRID_YZ || shape.batch > MAX_GRID_YZ {
@@ -36,6 +109,14 @@ pub fn check_supported(dtype: ElementType, shape: &AttnShape) -> Result<(), Stri
         ));
     }
     let i32_max = i32::MAX as usize;
+    // A padded call copies K and V rows too (kernels/pad.cuh): bound them as the query rows are.
+    let kv_rows = shape.batch.checked_mul(shape.seq_k).and_then(|n| n.checked_mul(shape.kv_heads));
+    if kernel_head_dim(shape.head_dim) != Some(shape.head_dim) && kv_rows.is_none_or(|n| n > i32_max) {
+        return Err(format!(
+            "a padded head dim (D={}) copies K/V rows with 32-bit row counts: B*Sk*Hkv is too large",
+            shape.head_dim
+        ));
+    }
     if shape.seq_q > i32_max || shape.seq_k > i32_max || shape.batch * shape.seq_q * shape.heads > i32_max {
         return Err(format!(
             "CUDA kernels index rows with 32-bit integers: Sq={} Sk={} B*Sq*H={} is too large",
@@ -65,19 +146,6 @@ pub fn bwd_workspace_layout(dtype: ElementType, shape: &AttnShape) -> (usize, us
     (delta, accum)
 }
 
-/// Bytes of the trailing workspace result, or why CUDA has no kernel for the configuration.
-pub fn workspace_requirement(pass: Pass, dtype: ElementType, shape: &AttnShape) -> Result<usize, String> {
-    check_supported(dtype, shape)?;
-    Ok(match pass {
-        Pass::Forward => 0,
-        // With no query rows both parts are 0: the kernels never touch scratch then.
-        Pass::Backward => {
-            let (delta, accum) = bwd_workspace_layout(dtype, shape);
-            delta + accum
-        }
-    })
-}
-
 /// Bytes the backward appends to its base workspace (at offset `workspace_requirement`) when it
 /// returns `dbias`: the f32 accumulator, one element per bias element (dense, like the bias).
 /// None when the dims are not a bias (a negative or overflowing count).
@@ -88,17 +156,12 @@ pub fn dbias_workspace_bytes(bias_dims: [i64; 4]) -> Option<usize> {
         .filter(|&n| n <= i64::MAX as usize)
 }
 
-/// [`workspace_requirement`] without the reason: None when unsupported.
-pub fn workspace_bytes(pass: Pass, dtype: ElementType, shape: &AttnShape) -> Option<usize> {
-    workspace_requirement(pass, dtype, shape).ok()
-}
-
 fn dt(dtype: ElementType) -> &'static str {
     dtype.name()
 }
 
 /// Interned names: the kernels are `extern "C"` symbols named after dtype and head dim.
-fn name(parts: &[&str]) -> &'static str {
+pub(crate) fn name(parts: &[&str]) -> &'static str {
     use std::collections::HashSet;
     use std::sync::{Mutex, OnceLock};
     static NAMES: OnceLock<Mutex<HashSet<&'static str>>> = OnceLock::new();
@@ -219,6 +282,17 @@ fn elementwise(file: &'static str, kernel: &'static str, n: usize) -> Launch {
     Launch { file, kernel, grid: (blocks, 1, 1), block: ELEMWISE_THREADS as u32, smem: 0 }
 }
 
+/// Warps (one per row) per block of the pad kernel (kernels/pad.cuh).
+const PAD_WARPS: usize = 8;
+
+/// The pad kernel over `rows` rows of `elem_bytes`-byte elements (2 or 4): grid-stride over rows,
+/// one warp per row; an empty grid (skipped at launch) when there are no rows.
+pub fn pad_launch(elem_bytes: usize, rows: usize) -> Launch {
+    let kernel = if elem_bytes == 4 { "exla_rs_pad_rows_b32" } else { "exla_rs_pad_rows_b16" };
+    let blocks = if rows == 0 { 0 } else { div_up(rows, PAD_WARPS).clamp(1, 65_535 * 8) };
+    Launch { file: "aux", kernel, grid: (blocks, 1, 1), block: (32 * PAD_WARPS) as u32, smem: 0 }
+}
+
 /// The backward's launches, in stream order. With `dbias_elems` (a call with `bias_grad`, the
 /// bias's element count) the dbias accumulator is zeroed first and rounded into `dbias` last
 /// (kernels/dbias.cuh); in between: preprocess (delta, zero dq_accum), the main kernel(s), and for
@@ -290,39 +364,16 @@ mod tests {
     }
 
     #[test]
-    fn every_listed_head_dim_and_dtype_is_supported_and_others_are_not() {
-        for dtype in [ElementType::F32, ElementType::F16, ElementType::BF16] {
-            for d in 1..=256 {
-                let s = shape(2, 100, 130, 4, 2, d);
-                let fwd = workspace_bytes(Pass::Forward, dtype, &s);
-                let bwd = workspace_bytes(Pass::Backward, dtype, &s);
-                if HEAD_DIMS.contains(&d) {
-                    assert_eq!(fwd, Some(0), "{dtype} d={d}");
-                    let (delta, accum) = bwd_workspace_layout(dtype, &s);
-                    assert_eq!(delta, (2 * 4 * 100 * 4usize).div_ceil(256) * 256);
-                    assert_eq!(bwd, Some(delta + accum));
-                    let want_accum = if dtype == ElementType::F32 { 0 } else { 2 * 100 * 4 * d * 4 };
-                    assert_eq!(accum, want_accum);
-                } else {
-                    assert_eq!((fwd, bwd), (None, None), "{dtype} d={d}");
-                    let e = check_supported(dtype, &s).unwrap_err();
-                    assert!(e.contains(&format!("D={d}")) && e.contains("[32, 64, 96, 128, 192, 256]"), "{e}");
-                }
-            }
+    fn pad_launches_cover_their_rows() {
+        for (e, k) in [(2, "exla_rs_pad_rows_b16"), (4, "exla_rs_pad_rows_b32")] {
+            let l = pad_launch(e, 1000);
+            assert_eq!((l.file, l.kernel, l.grid, l.block, l.smem), ("aux", k, (125, 1, 1), 256, 0));
+            assert_eq!(pad_launch(e, 0).grid.0, 0);
+            assert_eq!(pad_launch(e, 1).grid.0, 1);
+            assert_eq!(pad_launch(e, i32::MAX as usize).grid.0, 65_535 * 8, "grid-stride beyond the cap");
+            let f = crate::embedded::find(l.file).unwrap();
+            assert!(f.source.contains(&format!("{k}(")), "aux does not define {k}");
         }
-    }
-
-    #[test]
-    fn grid_limits_are_unsupported_not_errors_at_launch() {
-        let s = shape(70_000, 1, 1, 1, 1, 64);
-        assert_eq!(workspace_bytes(Pass::Forward, ElementType::BF16, &s), None);
-        assert!(check_supported(ElementType::BF16, &s).unwrap_err().contains("65535"));
-    }
-
-    #[test]
-    fn empty_queries_need_no_workspace() {
-        let s = shape(2, 0, 16, 4, 4, 64);
-        assert_eq!(workspace_bytes(Pass::Backward, ElementType::F16, &s), Some(0));
     }
 
     #[test]

@@ -1,11 +1,14 @@
 //! `forward` and `backward`: enqueue the kernels on XLA's stream (or run them on the GPU-on-CPU
-//! executor: exec.rs). No synchronisation, no host round trip, no allocation beyond XLA's buffers
+//! executor: any `LaunchTarget`, stream.rs). No synchronisation, no host round trip, no allocation beyond XLA's buffers
 //! (scratch lives in the workspace result).
 
 use crate::config::{self, FeatureSet, Launch};
+use crate::split;
 use crate::driver::guard;
-use crate::exec::{Device, Stream};
-use crate::params::{extra_params, kernel_window, softcap_inv, BwdParams, FwdParams};
+use crate::stream::{self, Stream};
+use crate::target::LaunchTarget;
+use crate::workspace;
+use crate::params::{extra_params, kernel_window, softcap_inv, BwdParams, FwdParams, PadParams};
 use crate::{BwdBuffers, ExtraBuffers, FwdBuffers};
 use exla_rs_attn::{AttnError, AttnOptions, AttnShape, ElementType, Pass};
 use std::ffi::c_void;
@@ -13,7 +16,7 @@ use std::ffi::c_void;
 /// Checks the call has a kernel and enough workspace; returns the base workspace size, which is
 /// where the dbias accumulator starts when `dbias_elems` is given.
 fn supported(pass: Pass, dtype: ElementType, shape: &AttnShape, workspace_bytes: usize, dbias_elems: Option<usize>) -> Result<usize, AttnError> {
-    let base = config::workspace_requirement(pass, dtype, shape).map_err(AttnError::unimplemented)?;
+    let base = workspace::workspace_requirement(pass, dtype, shape).map_err(AttnError::unimplemented)?;
     let dbias = dbias_elems.map_or(0, |n| n * 4);
     if workspace_bytes < base + dbias {
         let why = if dbias > 0 {
@@ -36,7 +39,7 @@ fn dbias_elems(extras: &ExtraBuffers, dbias: u64) -> Result<Option<usize>, AttnE
 }
 
 /// Enqueues each launch with the same parameter block; empty grids are skipped.
-unsafe fn run<P>(dev: &Device, launches: &[Launch], params: &P) -> Result<(), AttnError> {
+unsafe fn run<P>(dev: &dyn LaunchTarget, launches: &[Launch], params: &P) -> Result<(), AttnError> {
     // Resolve every function before enqueuing anything, so a missing kernel leaves the stream alone.
     let mut funcs = Vec::with_capacity(launches.len());
     for l in launches {
@@ -47,9 +50,32 @@ unsafe fn run<P>(dev: &Device, launches: &[Launch], params: &P) -> Result<(), At
             continue;
         }
         let mut args = [params as *const P as *mut c_void];
-        dev.launch(&f, l.kernel, l.grid, l.block, l.smem, &mut args)?;
+        dev.launch(f, l.kernel, l.grid, l.block, l.smem, &mut args)?;
     }
     Ok(())
+}
+
+/// One pad-kernel pass (kernels/pad.cuh): `rows` rows of `src_cols` elements at `src` into rows
+/// of `dst_cols` elements at `dst`, the first `min(src_cols, dst_cols)` columns copied and the
+/// rest zeroed. Head dims without a kernel copy their operands in (D -> Dk) and their results out
+/// (Dk -> D) with it.
+unsafe fn pad_copy(dev: &dyn LaunchTarget, dtype: ElementType, rows: usize, src: u64, src_cols: usize, dst: u64, dst_cols: usize) -> Result<(), AttnError> {
+    let p = PadParams {
+        src: src as *const c_void,
+        dst: dst as *mut c_void,
+        rows: rows as i64,
+        src_cols: src_cols as i32,
+        dst_cols: dst_cols as i32,
+        copy_cols: src_cols.min(dst_cols) as i32,
+        unused: 0,
+    };
+    run(dev, &[config::pad_launch(dtype.size_bytes(), rows)], &p)
+}
+
+/// The shape the kernels run: the call's, with a head dim without a kernel replaced by the next
+/// kernel head dim (its operands and results then go through the copies of `pad`).
+fn kernel_shape(shape: &AttnShape, pad: Option<&config::PadLayout>) -> AttnShape {
+    pad.map_or(*shape, |l| AttnShape { head_dim: l.head_dim, ..*shape })
 }
 
 fn dims(shape: &AttnShape) -> [i32; 6] {
@@ -61,7 +87,7 @@ fn dims(shape: &AttnShape) -> [i32; 6] {
 /// `stream` is XLA's CUstream (or the GPU-on-CPU executor); the buffers are device pointers of
 /// that target of the sizes the contract implies.
 pub unsafe fn forward(
-    stream: Stream,
+    stream: Stream<'_>,
     dtype: ElementType,
     shape: &AttnShape,
     opts: &AttnOptions,
@@ -69,9 +95,13 @@ pub unsafe fn forward(
 ) -> Result<(), AttnError> {
     guard("exla_rs_flash_attn_fwd_cuda", || {
         supported(Pass::Forward, dtype, shape, bufs.workspace_bytes, None)?;
-        let dev = Device::enter(stream)?;
-        let [batch, seq_q, seq_k, heads, kv_heads, head_dim] = dims(shape);
-        let p = FwdParams {
+        let entered = stream::enter(stream)?;
+        let dev = entered.target();
+        // A head dim without a kernel: the kernels run `ks` on zero-padded copies (config.rs PadLayout).
+        let pad = config::pad_layout(Pass::Forward, dtype, shape);
+        let ks = kernel_shape(shape, pad.as_ref());
+        let [batch, seq_q, seq_k, heads, kv_heads, head_dim] = dims(&ks);
+        let mut p = FwdParams {
             q: bufs.q as *const c_void,
             k: bufs.k as *const c_void,
             v: bufs.v as *const c_void,
@@ -92,18 +122,45 @@ pub unsafe fn forward(
             softcap_inv: softcap_inv(opts.softcap),
             x: extra_params(&bufs.extras),
         };
-        // Hopper: the sm90 forward (src/sm90.rs) when the setting, the device and the call allow it.
-        if crate::sm90::forward(&dev, dtype, shape, &p)? {
-            return Ok(());
+        let (d, ws) = (shape.head_dim, bufs.workspace);
+        let (q_rows, kv_rows) = (shape.batch * shape.seq_q * shape.heads, shape.batch * shape.seq_k * shape.kv_heads);
+        if let Some(l) = &pad {
+            // Stream order: the copies, the kernels on them, o copied back.
+            let dk = l.head_dim;
+            pad_copy(dev, dtype, q_rows, bufs.q, d, ws + l.q as u64, dk)?;
+            pad_copy(dev, dtype, kv_rows, bufs.k, d, ws + l.k as u64, dk)?;
+            pad_copy(dev, dtype, kv_rows, bufs.v, d, ws + l.v as u64, dk)?;
+            (p.q, p.k, p.v) = ((ws + l.q as u64) as *const c_void, (ws + l.k as u64) as *const c_void, (ws + l.v as u64) as *const c_void);
+            p.o = (ws + l.o as u64) as *mut c_void;
         }
-        run(&dev, &[config::forward_plan(dtype, shape, FeatureSet::of(&p.x, false))], &p)
+        let kernels = || -> Result<(), AttnError> {
+            // Decode, and calls that leave SMs idle: the split-KV kernels (src/split.rs), on every
+            // architecture (Hopper included: they read each K/V byte once, the sm90 forward once per head).
+            let features = FeatureSet::of(&p.x, false);
+            let setting = split::SplitSetting::from_env().map_err(AttnError::invalid)?;
+            if let Some(splits) = split::choose(dtype, &ks, features, dev.sm_count()?, setting) {
+                let at = workspace::split_workspace_offset(dtype, shape);
+                let sp = split::params(&p, &ks, splits, bufs.workspace + at as u64, bufs.workspace_bytes.saturating_sub(at))?;
+                return run(dev, &split::plan(dtype, &ks, features, splits), &sp);
+            }
+            // Hopper: the sm90 forward (src/sm90.rs) when the setting, the device and the call allow it.
+            if crate::sm90::forward(dev, dtype, &ks, &p)? {
+                return Ok(());
+            }
+            run(dev, &[config::forward_plan(dtype, &ks, features)], &p)
+        };
+        kernels()?;
+        if let Some(l) = &pad {
+            pad_copy(dev, dtype, q_rows, ws + l.o as u64, l.head_dim, bufs.o, d)?;
+        }
+        Ok(())
     })
 }
 
 /// # Safety
 /// As for `forward`; `workspace` holds `workspace_bytes(Backward, ..)` bytes.
 pub unsafe fn backward(
-    stream: Stream,
+    stream: Stream<'_>,
     dtype: ElementType,
     shape: &AttnShape,
     opts: &AttnOptions,
@@ -112,11 +169,16 @@ pub unsafe fn backward(
     guard("exla_rs_flash_attn_bwd_cuda", || {
         let dbias_elems = dbias_elems(&bufs.extras, bufs.dbias)?;
         let base = supported(Pass::Backward, dtype, shape, bufs.workspace_bytes, dbias_elems)?;
-        let dev = Device::enter(stream)?;
-        let [batch, seq_q, seq_k, heads, kv_heads, head_dim] = dims(shape);
-        let (delta_bytes, accum_bytes) = config::bwd_workspace_layout(dtype, shape);
+        let entered = stream::enter(stream)?;
+        let dev = entered.target();
+        // A head dim without a kernel: the kernels run `ks` on zero-padded copies, after their own
+        // scratch (delta, dq accumulator) sized for `ks` (config.rs PadLayout).
+        let pad = config::pad_layout(Pass::Backward, dtype, shape);
+        let ks = kernel_shape(shape, pad.as_ref());
+        let [batch, seq_q, seq_k, heads, kv_heads, head_dim] = dims(&ks);
+        let (delta_bytes, accum_bytes) = config::bwd_workspace_layout(dtype, &ks);
         let ws = bufs.workspace;
-        let p = BwdParams {
+        let mut p = BwdParams {
             q: bufs.q as *const c_void,
             k: bufs.k as *const c_void,
             v: bufs.v as *const c_void,
@@ -147,7 +209,24 @@ pub unsafe fn backward(
             dbias: bufs.dbias as *mut c_void,
             dbias_elems: dbias_elems.unwrap_or(0) as i64,
         };
+        let d = shape.head_dim;
+        let (q_rows, kv_rows) = (shape.batch * shape.seq_q * shape.heads, shape.batch * shape.seq_k * shape.kv_heads);
+        let at = |off: usize| ws + off as u64;
+        if let Some(l) = &pad {
+            let dk = l.head_dim;
+            for (rows, src, dst) in [(q_rows, bufs.q, l.q), (kv_rows, bufs.k, l.k), (kv_rows, bufs.v, l.v), (q_rows, bufs.o, l.o), (q_rows, bufs.d_o, l.d_o)] {
+                pad_copy(dev, dtype, rows, src, d, at(dst), dk)?;
+            }
+            (p.q, p.k, p.v, p.o, p.d_o) = (at(l.q) as _, at(l.k) as _, at(l.v) as _, at(l.o) as _, at(l.d_o) as _);
+            (p.dq, p.dk, p.dv) = (at(l.dq) as _, at(l.dk) as _, at(l.dv) as _);
+        }
         let features = FeatureSet::of(&p.x, dbias_elems.is_some());
-        run(&dev, &config::backward_plan(dtype, shape, features, dbias_elems), &p)
+        run(dev, &config::backward_plan(dtype, &ks, features, dbias_elems), &p)?;
+        if let Some(l) = &pad {
+            for (rows, src, dst) in [(q_rows, l.dq, bufs.dq), (kv_rows, l.dk, bufs.dk), (kv_rows, l.dv, bufs.dv)] {
+                pad_copy(dev, dtype, rows, at(src), l.head_dim, dst, d)?;
+            }
+        }
+        Ok(())
     })
 }

@@ -6,37 +6,37 @@
 //! - `forward` / `backward`: enqueue on XLA's stream, no sync, no allocation.
 //! - `status` / `kernel_build`: what the driver and this build offer, and which forward runs.
 //!
-//! Feature `gpu-on-cpu`: `Stream::GpuSim` runs the same launches (same kernels, grids, blocks,
-//! shared memory, parameter blocks and tensor maps) on the GPU-on-CPU executor
-//! (crates/exla-rs-gpusim), for tests and sanitizers without a GPU. Off by default: release
-//! libraries carry none of it.
+//! `Stream::Target` runs the same launches (same kernels, grids, blocks, shared memory, parameter
+//! blocks and tensor maps) on any other [`LaunchTarget`]: the GPU-on-CPU executor
+//! (crates/exla-rs-gpusim) implements it for tests and sanitizers without a GPU. This crate knows
+//! nothing else of the executor: release libraries carry none of it.
 
 mod arch;
 mod config;
 mod driver;
 pub mod embedded;
-mod exec;
 mod launch;
 mod modules;
 mod nvrtc;
 mod params;
-#[cfg(feature = "gpu-on-cpu")]
-mod sim;
 mod sm90;
+mod split;
+mod status;
+mod stream;
+mod target;
+mod tensor_map;
+mod workspace;
 
 pub use arch::{parse_arch_list, Target, DEFAULT_ARCHS};
 pub use config::{backward_plan, dbias_workspace_bytes, forward_plan, FeatureSet, Launch, HEAD_DIMS};
-pub use driver::{status, CudaDevice, CudaStatus};
-pub use exec::Stream;
+pub use config::{head_dims_summary, kernel_head_dim, pad_layout, PadLayout, MAX_PADDED_HEAD_DIM};
+pub use status::{status, CudaDevice, CudaStatus};
+pub use stream::Stream;
+pub use target::{check_min_arch, check_smem, KernelHandle, LaunchTarget};
+pub use tensor_map::{TensorMap, TiledMapArgs};
 pub use launch::{backward, forward};
 pub use params::{bias_strides, extra_params, ExtraParams};
 pub use sm90::{forward_path_summary, sm90_forward_kernel, PathOverride, AUTO_SM90_VERIFIED, SM90_HEAD_DIMS};
-
-/// The GPU-on-CPU executor itself (simulated device memory, bank statistics).
-#[cfg(feature = "gpu-on-cpu")]
-pub use exla_rs_gpusim as gpusim;
-#[cfg(feature = "gpu-on-cpu")]
-pub use sim::{device as gpusim_device, launch_counts as gpusim_launch_counts, reset_launch_counts as gpusim_reset_launch_counts, SimDevice};
 
 use exla_rs_attn::{AttnShape, ElementType, Pass};
 
@@ -113,12 +113,12 @@ pub struct BwdBuffers {
 
 /// None = this configuration is not supported on CUDA (-1 in the C API); Some(0) = no workspace.
 pub fn workspace_bytes(pass: Pass, dtype: ElementType, shape: &AttnShape) -> Option<usize> {
-    config::workspace_bytes(pass, dtype, shape)
+    workspace::workspace_bytes(pass, dtype, shape)
 }
 
 /// Like [`workspace_bytes`], with the reason when the configuration is not supported on CUDA.
 pub fn workspace_requirement(pass: Pass, dtype: ElementType, shape: &AttnShape) -> Result<usize, String> {
-    config::workspace_requirement(pass, dtype, shape)
+    workspace::workspace_requirement(pass, dtype, shape)
 }
 
 /// What this build embeds.

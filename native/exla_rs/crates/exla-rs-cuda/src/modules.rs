@@ -3,6 +3,7 @@
 
 use crate::driver::{self, check, guard, CUcontext, CUdevice, CUfunction, CUmodule};
 use crate::embedded;
+use crate::target::{check_min_arch, check_smem};
 use cudarc::driver::sys;
 use exla_rs_attn::AttnError;
 use std::collections::HashMap;
@@ -52,27 +53,6 @@ impl Module {
         f.insert(name, func as usize);
         Ok(func)
     }
-}
-
-/// UNIMPLEMENTED when a device of compute capability `cc` is older than the kernels support.
-pub fn check_min_arch(cc: (i32, i32)) -> Result<(), AttnError> {
-    let min = crate::arch::MIN_ARCH;
-    if cc < (min.0 as i32, min.1 as i32) {
-        return Err(AttnError::unimplemented(format!(
-            "CUDA device has compute capability {}.{}; the kernels need {}.{} or newer",
-            cc.0, cc.1, min.0, min.1
-        )));
-    }
-    Ok(())
-}
-
-/// UNIMPLEMENTED when kernel `name` needs more dynamic shared memory than the device's opt-in
-/// limit per block.
-pub fn check_smem(name: &str, smem: u32, limit: i64) -> Result<(), AttnError> {
-    if smem as i64 > limit {
-        return Err(AttnError::unimplemented(format!("{name} needs {smem} bytes of shared memory per block; this device allows {limit}")));
-    }
-    Ok(())
 }
 
 type Key = (usize, &'static str); // (CUcontext, file)

@@ -173,6 +173,32 @@ pub struct BwdParams {
     pub dbias_elems: i64,
 }
 
+/// The split-KV forward's block (`SplitParams` in params.cuh, kernels/flash_fwd_split.cuh): the
+/// call's `FwdParams`, the split count and the f32 partials in the workspace (null for one split).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct SplitParams {
+    pub f: FwdParams,
+    pub o_part: *mut f32,
+    pub lse_part: *mut f32,
+    pub num_splits: i32,
+    pub row_blocks: i32,
+}
+
+/// The pad kernel's block (`PadParams` in params.cuh, kernels/pad.cuh): `dst[r, c] = c < copy_cols ?
+/// src[r, c] : 0` over `rows` rows of `src_cols` / `dst_cols` elements.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct PadParams {
+    pub src: *const c_void,
+    pub dst: *mut c_void,
+    pub rows: i64,
+    pub src_cols: i32,
+    pub dst_cols: i32,
+    pub copy_cols: i32,
+    pub unused: i32,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -318,6 +344,15 @@ mod tests {
         assert_eq!(offset_of!(BwdParams, dbias_accum), 240);
         assert_eq!(offset_of!(BwdParams, dbias_elems), 256);
         assert_eq!(size_of::<BwdParams>(), 264);
+        assert_eq!(offset_of!(PadParams, rows), 16);
+        assert_eq!(offset_of!(PadParams, copy_cols), 32);
+        assert_eq!(size_of::<PadParams>(), 40);
+        assert_eq!(offset_of!(SplitParams, o_part), 192);
+        assert_eq!(offset_of!(SplitParams, num_splits), 208);
+        assert_eq!(size_of::<SplitParams>(), 216);
+        assert!(include_str!("../../../kernels/params.cuh").contains("sizeof(exla_rs::SplitParams) == 216"));
+        let cuh = include_str!("../../../kernels/params.cuh");
+        assert!(cuh.contains("sizeof(exla_rs::PadParams) == 40"));
         let cuh = include_str!("../../../kernels/params.cuh");
         for f in ["const void* q;", "float* lse;", "int batch, seq_q, seq_k, heads, kv_heads, head_dim;", "float* dq_accum;"] {
             assert!(cuh.contains(f), "params.cuh changed: {f}");

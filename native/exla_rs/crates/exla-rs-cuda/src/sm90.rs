@@ -13,9 +13,9 @@
 //! every setting: no tensor map describes an empty tensor, and the mma.sync kernels already write
 //! their `o = 0`, `lse = -inf`.
 
-use crate::exec::Device;
 use crate::params::FwdParams;
-use cudarc::driver::sys;
+use crate::target::LaunchTarget;
+use crate::tensor_map::{tiled_map_args, TensorMap};
 use exla_rs_attn::{AttnError, AttnShape, ElementType};
 use std::ffi::c_void;
 use std::sync::OnceLock;
@@ -216,63 +216,6 @@ pub fn fwd_grid(shape: &AttnShape, sm_count: u32) -> u32 {
     tiles.min(sm_count.max(1) as usize) as u32
 }
 
-/// A `CUtensorMap` (`sm90::TensorMap` on the device): 128 opaque bytes.
-#[repr(C, align(128))]
-#[derive(Clone, Copy)]
-pub struct TensorMap(pub [u64; 16]);
-
-/// The TMA view of a `[B, S, H, D]` row-major tensor: dims innermost first (D, S, H, B), boxes of
-/// 64 elements (one 128-byte swizzle row) x `box_rows` rows of one head of one batch row.
-/// Returns (dims, byte strides of dims 1..3, box).
-pub fn tensor_map_geometry(batch: usize, seq: usize, heads: usize, d: usize, box_rows: usize) -> ([u64; 4], [u64; 3], [u32; 4]) {
-    let e = 2u64; // f16 / bf16
-    let (b, s, h, d) = (batch as u64, seq as u64, heads as u64, d as u64);
-    ([d, s, h, b], [h * d * e, d * e, s * h * d * e], [64, box_rows as u32, 1, 1])
-}
-
-/// `cuTensorMapEncodeTiled`'s arguments for one of the forward's maps. The driver and the
-/// GPU-on-CPU executor are given exactly these (exec.rs), so the executor's TMA reads the map the
-/// GPU would.
-#[derive(Clone, Copy, Debug)]
-pub struct TiledMapArgs {
-    pub data_type: sys::CUtensorMapDataType,
-    pub global_address: *mut c_void,
-    pub global_dim: [u64; 4],
-    pub global_strides: [u64; 3],
-    pub box_dim: [u32; 4],
-    pub element_strides: [u32; 4],
-    pub interleave: sys::CUtensorMapInterleave,
-    pub swizzle: sys::CUtensorMapSwizzle,
-    pub l2_promotion: sys::CUtensorMapL2promotion,
-    pub oob_fill: sys::CUtensorMapFloatOOBfill,
-}
-
-impl TiledMapArgs {
-    pub const RANK: u32 = 4;
-}
-
-/// The map of `ptr` viewed as `[batch, seq, heads, d]` with boxes of `box_rows` rows.
-pub fn tiled_map_args(dtype: ElementType, ptr: u64, batch: usize, seq: usize, heads: usize, d: usize, box_rows: usize) -> TiledMapArgs {
-    use sys::*;
-    let (global_dim, global_strides, box_dim) = tensor_map_geometry(batch, seq, heads, d, box_rows);
-    TiledMapArgs {
-        data_type: match dtype {
-            ElementType::F16 => CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
-            _ => CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
-        },
-        global_address: ptr as *mut c_void,
-        global_dim,
-        global_strides,
-        box_dim,
-        element_strides: [1; 4],
-        interleave: CUtensorMapInterleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
-        swizzle: CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B,
-        l2_promotion: CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-        // Out-of-bounds elements (rows past S) arrive as zeros.
-        oob_fill: CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
-    }
-}
-
 fn kernel_name(dtype: ElementType, d: usize) -> (&'static str, &'static str) {
     // Interned like config.rs's names: the module cache keys on &'static str.
     static NAMES: OnceLock<Vec<(ElementType, usize, &'static str, &'static str)>> = OnceLock::new();
@@ -301,7 +244,7 @@ pub fn sm90_forward_kernel(dtype: ElementType, d: usize) -> Option<&'static str>
 ///
 /// # Safety
 /// As `launch::forward`: `p` holds device pointers (of `dev`) of the sizes the contract implies.
-pub unsafe fn forward(dev: &Device, dtype: ElementType, shape: &AttnShape, p: &FwdParams) -> Result<bool, AttnError> {
+pub unsafe fn forward(dev: &dyn LaunchTarget, dtype: ElementType, shape: &AttnShape, p: &FwdParams) -> Result<bool, AttnError> {
     let setting = PathOverride::from_env().map_err(AttnError::invalid)?;
     if !setting.wants_sm90(dtype, shape.head_dim) {
         return Ok(false);
@@ -326,13 +269,15 @@ pub unsafe fn forward(dev: &Device, dtype: ElementType, shape: &AttnShape, p: &F
         &tk as *const TensorMap as *mut c_void,
         &tv as *const TensorMap as *mut c_void,
     ];
-    dev.launch(&f, kernel, (grid, 1, 1), tiles.threads, smem, &mut args)?;
+    dev.launch(f, kernel, (grid, 1, 1), tiles.threads, smem, &mut args)?;
     Ok(true)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::tensor_map::tensor_map_geometry;
+    use cudarc::driver::sys;
 
     fn shape(d: usize) -> AttnShape {
         AttnShape { batch: 2, seq_q: 300, seq_k: 517, heads: 8, kv_heads: 2, head_dim: d }

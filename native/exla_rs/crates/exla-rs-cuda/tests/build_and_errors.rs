@@ -23,8 +23,9 @@ fn driver_present() -> bool {
 #[test]
 fn every_kernel_file_is_embedded_with_a_self_contained_source() {
     let files = embedded::KERNEL_FILES;
-    // kernels/generate.py writes 103 files to kernels/inst (aux, 6 f32 and 96 tensor-core files: 2
-    // passes x 2 dtypes x 6 head dims x 4 feature sets), all embedded; the Hopper set
+    // kernels/generate.py writes 128 files to kernels/inst (aux, 6 f32, 96 tensor-core files: 2
+    // passes x 2 dtypes x 6 head dims x 4 feature sets, and the split-KV decode's 24: 2 dtypes x 6
+    // head dims x 2 feature sets, plus its combine), all embedded; the Hopper set
     // (kernels/sm90/inst, its own generate.py) is embedded by builds that know it.
     let stems = |dir: &str| -> Vec<String> {
         let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../kernels").join(dir);
@@ -36,7 +37,7 @@ fn every_kernel_file_is_embedded_with_a_self_contained_source() {
         })
     };
     let inst = stems("inst");
-    assert_eq!(inst.len(), 103, "kernels/generate.py writes 103 files");
+    assert_eq!(inst.len(), 128, "kernels/generate.py writes 128 files");
     let sm90 = stems("sm90/inst");
     for name in &inst {
         assert!(files.iter().any(|k| k.name == name.as_str()), "{name} is not embedded");
@@ -157,10 +158,23 @@ fn forward_and_backward_without_a_driver_are_clean_errors() {
 
 #[test]
 fn unsupported_head_dim_is_unimplemented_before_touching_the_driver() {
-    let s = shape(80);
+    // Every D in 1..=256 runs (natively or padded); past that, nothing.
+    let s = shape(300);
     assert_eq!(workspace_bytes(Pass::Forward, ElementType::BF16, &s), None);
     match unsafe { forward(Stream::Cuda(std::ptr::null_mut()), ElementType::BF16, &s, &OPTS, &FwdBuffers::default()) } {
-        Err(AttnError::Unimplemented(m)) => assert!(m.contains("D=80"), "{m}"),
+        Err(AttnError::Unimplemented(m)) => assert!(m.contains("D=300"), "{m}"),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn a_padded_head_dim_needs_its_workspace_before_touching_the_driver() {
+    // D = 80 runs on D = 96 through zero-padded copies in the workspace, the forward's included.
+    let s = shape(80);
+    let need = workspace_bytes(Pass::Forward, ElementType::BF16, &s).unwrap();
+    assert!(need > 0);
+    match unsafe { forward(Stream::Cuda(std::ptr::null_mut()), ElementType::BF16, &s, &OPTS, &FwdBuffers::default()) } {
+        Err(AttnError::InvalidArgument(m)) => assert!(m.contains(&need.to_string()), "{m}"),
         other => panic!("{other:?}"),
     }
 }

@@ -1,4 +1,4 @@
-//! `kernels/cpu/exec.h`, declared for Rust. Keep in step with the header.
+//! `executor/exec.h`, declared for Rust. Keep in step with the header.
 
 use std::ffi::{c_char, c_int, c_void};
 
@@ -34,4 +34,10 @@ extern "C" {
     pub fn exla_rs_gpusim_stats_json(buf: *mut c_char, len: usize) -> usize;
 
     pub fn exla_rs_gpusim_stats_reset();
+
+    pub fn exla_rs_gpusim_traffic_json(buf: *mut c_char, len: usize) -> usize;
+
+    pub fn exla_rs_gpusim_register_alloc(p: *const c_void, len: usize);
+
+    pub fn exla_rs_gpusim_unregister_alloc(p: *const c_void);
 }

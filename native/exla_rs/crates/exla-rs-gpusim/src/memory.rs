@@ -30,6 +30,9 @@ impl DeviceAlloc {
         if len > 0 {
             // SAFETY: `len` writable bytes just allocated.
             unsafe { std::ptr::write_bytes(a.ptr, byte, len) };
+            // Device memory for the executor's traffic count (global bytes: exec.h).
+            // SAFETY: a live allocation of `len` bytes, unregistered before it is freed.
+            unsafe { crate::ffi::exla_rs_gpusim_register_alloc(a.ptr.cast(), len) };
         }
         Ok(a)
     }
@@ -73,8 +76,12 @@ impl DeviceAlloc {
 
 impl Drop for DeviceAlloc {
     fn drop(&mut self) {
-        // SAFETY: allocated by posix_memalign (free accepts NULL).
-        unsafe { libc::free(self.ptr.cast()) };
+        // SAFETY: unregistering an address (registered or not) only edits the executor's table;
+        // allocated by posix_memalign (free accepts NULL).
+        unsafe {
+            crate::ffi::exla_rs_gpusim_unregister_alloc(self.ptr.cast());
+            libc::free(self.ptr.cast());
+        }
     }
 }
 

@@ -47,6 +47,8 @@ pub fn kernels(env: Env<'_>) -> Term<'_> {
             ("nvrtc_available", k.nvrtc_available.encode(env)),
             ("kernel_files", k.kernel_files.encode(env)),
             ("note", k.note.encode(env)),
+            // Which head dims run natively and which padded (issue 33, part 4).
+            ("head_dims", exla_rs_cuda::head_dims_summary().encode(env)),
         ],
     )
 }

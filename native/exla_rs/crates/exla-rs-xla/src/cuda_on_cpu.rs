@@ -2,7 +2,7 @@
 //! code path, run on XLA's CPU platform. A call is decoded exactly as the CUDA handlers decode it
 //! (the CUDA platform's support rules, feature bits and workspace sizes), its buffers are placed
 //! in simulated device memory, and `exla_rs_cuda` launches the CUDA kernels on the GPU-on-CPU
-//! executor (`Stream::GpuSim`) with the launch code the GPU runs.
+//! executor (`Stream::Target(&SimDevice)`) with the launch code the GPU runs.
 //!
 //! Simulated device memory: every buffer gets its own exactly-sized allocation (inputs copied in,
 //! so AddressSanitizer bounds an access at the tensor's own end, as memcheck would), and every
@@ -11,8 +11,8 @@
 //! back to XLA's buffers after the launches succeed.
 
 use exla_rs_attn::Platform;
-use exla_rs_cuda::gpusim::DeviceAlloc;
 use exla_rs_cuda::Stream;
+use exla_rs_gpusim::{DeviceAlloc, SimDevice};
 use xla_ffi::sys::{XLA_FFI_CallFrame, XLA_FFI_Error};
 use xla_ffi::{run_handler, Buffer, CallFrame, FfiError};
 
@@ -93,8 +93,9 @@ fn forward(frame: &CallFrame<'_>) -> Result<(), FfiError> {
     let c = &call.common;
     let mut mem = SimMemory::default();
     let bufs = forward_buffers(&call, &mut mem)?;
+    let device = SimDevice::from_env().map_err(|e| attn_error(target, e))?;
     // SAFETY: every pointer is a live simulated allocation of the validated size.
-    unsafe { exla_rs_cuda::forward(Stream::GpuSim, c.dtype, &c.shape, &c.opts, &bufs) }.map_err(|e| attn_error(target, e))?;
+    unsafe { exla_rs_cuda::forward(Stream::Target(&device), c.dtype, &c.shape, &c.opts, &bufs) }.map_err(|e| attn_error(target, e))?;
     mem.copy_back()
 }
 
@@ -104,14 +105,15 @@ fn backward(frame: &CallFrame<'_>) -> Result<(), FfiError> {
     let c = &call.common;
     let mut mem = SimMemory::default();
     let bufs = backward_buffers(&call, &mut mem)?;
+    let device = SimDevice::from_env().map_err(|e| attn_error(target, e))?;
     // SAFETY: as in forward.
-    unsafe { exla_rs_cuda::backward(Stream::GpuSim, c.dtype, &c.shape, &c.opts, &bufs) }.map_err(|e| attn_error(target, e))?;
+    unsafe { exla_rs_cuda::backward(Stream::Target(&device), c.dtype, &c.shape, &c.opts, &bufs) }.map_err(|e| attn_error(target, e))?;
     mem.copy_back()
 }
 
 /// `{"kernel": launches, ...}` since the last reset.
 pub fn launch_counts_json() -> String {
-    let items: Vec<String> = exla_rs_cuda::gpusim_launch_counts().iter().map(|(k, n)| format!("\"{k}\": {n}")).collect();
+    let items: Vec<String> = exla_rs_gpusim::launch_counts().iter().map(|(k, n)| format!("\"{k}\": {n}")).collect();
     format!("{{{}}}", items.join(", "))
 }
 

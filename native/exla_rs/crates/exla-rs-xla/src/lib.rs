@@ -91,23 +91,35 @@ pub unsafe extern "C" fn exla_rs_cuda_on_cpu_launch_counts_json(buf: *mut std::f
 }
 
 /// Feature `gpu-on-cpu`: the executor's shared-memory bank statistics since the last reset
-/// (kernels/cpu/README.md describes the JSON), written as for the launch counts.
+/// (crates/exla-rs-gpusim/executor/README.md describes the JSON), written as for the launch counts.
 ///
 /// # Safety
 /// As for `exla_rs_cuda_on_cpu_launch_counts_json`.
 #[cfg(feature = "gpu-on-cpu")]
 #[no_mangle]
 pub unsafe extern "C" fn exla_rs_cuda_on_cpu_bank_stats_json(buf: *mut std::ffi::c_char, len: usize) -> usize {
-    std::panic::catch_unwind(exla_rs_cuda::gpusim::stats_json).map_or(0, |text| cuda_on_cpu::write_c_string(&text, buf, len))
+    std::panic::catch_unwind(exla_rs_gpusim::stats_json).map_or(0, |text| cuda_on_cpu::write_c_string(&text, buf, len))
 }
 
-/// Feature `gpu-on-cpu`: forgets the launch counts and the bank statistics.
+/// Feature `gpu-on-cpu`: the executor's global-memory traffic per kernel since the last reset
+/// (bytes read, written, atomically added; the statistics build counts, others answer `{}`),
+/// written as for the launch counts.
+///
+/// # Safety
+/// As for `exla_rs_cuda_on_cpu_launch_counts_json`.
+#[cfg(feature = "gpu-on-cpu")]
+#[no_mangle]
+pub unsafe extern "C" fn exla_rs_cuda_on_cpu_traffic_json(buf: *mut std::ffi::c_char, len: usize) -> usize {
+    std::panic::catch_unwind(exla_rs_gpusim::traffic_json).map_or(0, |text| cuda_on_cpu::write_c_string(&text, buf, len))
+}
+
+/// Feature `gpu-on-cpu`: forgets the launch counts, the bank statistics and the traffic.
 #[cfg(feature = "gpu-on-cpu")]
 #[no_mangle]
 pub extern "C" fn exla_rs_cuda_on_cpu_stats_reset() {
     let _ = std::panic::catch_unwind(|| {
-        exla_rs_cuda::gpusim_reset_launch_counts();
-        exla_rs_cuda::gpusim::stats_reset();
+        exla_rs_gpusim::reset_launch_counts();
+        exla_rs_gpusim::stats_reset();
     });
 }
 

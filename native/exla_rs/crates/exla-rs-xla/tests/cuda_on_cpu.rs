@@ -27,8 +27,13 @@ type Handler = unsafe extern "C" fn(*mut sys::XLA_FFI_CallFrame) -> *mut sys::XL
 
 /// A causal f32 forward with a key mask and a `[1, H, Sq, Sk]` bias; results start as NaN.
 fn forward_frame(d: usize) -> Box<FrameBuilder> {
+    forward_frame_ws(d, 0)
+}
+
+/// The same with a trailing `u8[workspace]` result (0 = none), poisoned with 0xFF.
+fn forward_frame_ws(d: usize, workspace: usize) -> Box<FrameBuilder> {
     let mask: Vec<u8> = (0..B * SK).map(|e| u8::from(e % 7 != 3)).collect();
-    FrameBuilder::new()
+    let fb = FrameBuilder::new()
         .attr("scale", AttrValue::F32(0.125))
         .attr("softcap", AttrValue::F32(0.0))
         .attr("window_left", AttrValue::I64(-1))
@@ -43,8 +48,9 @@ fn forward_frame(d: usize) -> Box<FrameBuilder> {
         .arg(OwnedBuffer::new(sys::XLA_FFI_DataType_U8, &[B as i64, SK as i64], &mask))
         .arg(f32_buf(&dims4(1, H, SQ, SK), &randn(H * SQ * SK, 4)))
         .ret(f32_buf(&dims4(B, SQ, H, d), &vec![f32::NAN; B * SQ * H * d]))
-        .ret(f32_buf(&[B as i64, H as i64, SQ as i64], &vec![f32::NAN; B * H * SQ]))
-        .build(api())
+        .ret(f32_buf(&[B as i64, H as i64, SQ as i64], &vec![f32::NAN; B * H * SQ]));
+    let fb = if workspace > 0 { fb.ret(OwnedBuffer::new(sys::XLA_FFI_DataType_U8, &[workspace as i64], &vec![0xFF; workspace])) } else { fb };
+    fb.build(api())
 }
 
 fn run(handler: Handler, fb: &mut FrameBuilder) -> Result<(), FakeError> {
@@ -79,12 +85,33 @@ fn the_cuda_kernels_on_the_cpu_match_the_host_handler() {
 }
 
 #[test]
+fn a_head_dim_without_a_kernel_runs_padded_and_matches_the_host_handler() {
+    // Issue 33, part 4: D = 80 (and an odd 7) on the next kernel head dim with zero-padded copies.
+    for d in [80, 7] {
+        let need = exla_rs_flash_attn_workspace_bytes(0, 1, sys::XLA_FFI_DataType_F32 as i32, B as i64, SQ as i64, SK as i64, H as i64, HKV as i64, d as i64);
+        assert!(need > 0, "{need}");
+        let (mut sim, mut host) = (forward_frame_ws(d, need as usize), forward_frame(d));
+        run(exla_rs_flash_attn_fwd_cuda_on_cpu, &mut sim).unwrap_or_else(|e| panic!("D={d}: {}", e.message));
+        run(exla_rs_flash_attn_fwd_host, &mut host).unwrap_or_else(|e| panic!("{}", e.message));
+        for r in 0..2 {
+            let (got, want) = (sim.rets[r].view::<f32>(), host.rets[r].view::<f32>());
+            assert!(got.iter().all(|x| !x.is_nan()), "D={d} result {r}: unwritten (NaN) elements");
+            assert!(max_diff(&got, &want) < 1e-4, "D={d} result {r}: {}", max_diff(&got, &want));
+        }
+    }
+}
+
+#[test]
 fn calls_are_decoded_with_the_cuda_rules() {
-    // D = 80 runs on the Host but has no CUDA kernel: UNIMPLEMENTED, as from the CUDA handler.
+    // D = 80 has no kernel: it runs padded to D = 96, through copies in a workspace the forward
+    // then needs (CUDA's rule, not the Host's, which needs none): without one, INVALID_ARGUMENT
+    // naming the size, as from the CUDA handler.
+    let need = exla_rs_flash_attn_workspace_bytes(0, 1, sys::XLA_FFI_DataType_F32 as i32, B as i64, SQ as i64, SK as i64, H as i64, HKV as i64, 80);
+    assert!(need > 0, "{need}");
     let mut fb = forward_frame(80);
-    let e = run(exla_rs_flash_attn_fwd_cuda_on_cpu, &mut fb).expect_err("no CUDA kernel for D=80");
-    assert_eq!(e.code, sys::XLA_FFI_Error_Code_UNIMPLEMENTED, "{}", e.message);
-    assert!(e.message.contains("D=80"), "{}", e.message);
+    let e = run(exla_rs_flash_attn_fwd_cuda_on_cpu, &mut fb).expect_err("D=80 needs a workspace on CUDA");
+    assert_eq!(e.code, sys::XLA_FFI_Error_Code_INVALID_ARGUMENT, "{}", e.message);
+    assert!(e.message.contains(&format!("workspace u8[{need}]")), "{}", e.message);
     // The metadata probe answers like every other export.
     for h in [exla_rs_flash_attn_fwd_cuda_on_cpu as Handler, exla_rs_flash_attn_bwd_cuda_on_cpu] {
         let mut probe = ProbeFrame::new(api());

@@ -24,7 +24,7 @@ use rayon::prelude::*;
 use super::dbias::{self, DbiasOut};
 use super::dropout::{keep_row_fn, KeepRowFn, NO_DROPOUT, STORE};
 use super::extra::{BiasPanel, PanelSpan, Prep, PANEL_TILES};
-use super::forward::{BC, BR};
+use super::tiles::{BC, BR};
 use super::kernels::{Gemm, Isa, Prefetch, LOG2_E, NO_EXT, PAD};
 use super::{round_up, BwdInputs, BwdOutputs, HostElement, SyncPtr};
 use crate::philox::Dropout;

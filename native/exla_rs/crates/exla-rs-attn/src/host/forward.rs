@@ -13,14 +13,11 @@ use rayon::prelude::*;
 use super::dropout::{keep_tile_fn, KeepTileFn, MUL, NO_DROPOUT};
 use super::extra::{BiasPanel, PanelSpan, Prep, PANEL_TILES};
 use super::kernels::{Gemm, Isa, Prefetch, RowExtra, LOG2_E, PAD};
+use super::tiles::{BC, BR};
 use super::{finish_row, online_update, round_up, FwdInputs, FwdOutputs, HostElement, SyncPtr};
 use crate::philox::Dropout;
 use crate::{AttnOptions, AttnShape, Extras, KeyRange};
 
-/// Query rows per task.
-pub(crate) const BR: usize = 64;
-/// Keys per tile (a multiple of `PAD`).
-pub(crate) const BC: usize = 64;
 
 /// Whether the call is done before any tile: nothing to compute (no batch or query rows), or no
 /// keys at all, where every row is fully masked (written here: o = 0, lse = -inf).

@@ -88,7 +88,7 @@ impl PrefetchCursor {
             n += 1;
         }
         for _ in 0..n {
-            super::extra::prefetch_line(self.row.wrapping_add(self.line * 64));
+            super::prefetch::prefetch_line(self.row.wrapping_add(self.line * 64));
             self.line += 1;
             if self.line == self.lines {
                 self.line = 0;

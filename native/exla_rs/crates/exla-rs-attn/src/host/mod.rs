@@ -54,7 +54,9 @@ mod group_tests;
 mod kernels;
 mod lowp;
 mod pages;
+mod prefetch;
 mod simd;
+mod tiles;
 #[cfg(test)]
 mod tests;
 
@@ -110,7 +112,7 @@ pub fn forward<T: HostElement>(
     out: FwdOutputs<'_, T>,
     workspace: &mut [u8],
 ) -> Result<(), AttnError> {
-    forward_on(dispatch(), shape, opts, inp, &Extras::default(), out, workspace)
+    T::run_forward(shape, opts, inp, &Extras::default(), out, workspace)
 }
 
 /// [`forward`] with the contract's optional operands (key mask, bias, ALiBi slopes).
@@ -122,7 +124,7 @@ pub fn forward_ext<T: HostElement>(
     out: FwdOutputs<'_, T>,
     workspace: &mut [u8],
 ) -> Result<(), AttnError> {
-    forward_on(dispatch(), shape, opts, inp, ex, out, workspace)
+    T::run_forward(shape, opts, inp, ex, out, workspace)
 }
 
 /// [`forward`] on a given kernel family (tests run every family the CPU has).
@@ -164,7 +166,7 @@ pub fn backward<T: HostElement>(
     out: BwdOutputs<'_, T>,
     workspace: &mut [u8],
 ) -> Result<(), AttnError> {
-    backward_on(dispatch(), shape, opts, inp, &Extras::default(), out, None, workspace)
+    T::run_backward(shape, opts, inp, &Extras::default(), out, None, workspace)
 }
 
 /// [`backward`] with the optional operands; `dbias` (shaped and typed like `ex.bias`) receives
@@ -178,7 +180,7 @@ pub fn backward_ext<T: HostElement>(
     dbias: Option<BiasGrad<'_>>,
     workspace: &mut [u8],
 ) -> Result<(), AttnError> {
-    backward_on(dispatch(), shape, opts, inp, ex, out, dbias, workspace)
+    T::run_backward(shape, opts, inp, ex, out, dbias, workspace)
 }
 
 /// [`backward`] on a given kernel family.

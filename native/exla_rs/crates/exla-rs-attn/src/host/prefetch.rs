@@ -1,0 +1,33 @@
+//! Cache hints: a line or a span asked for ahead of its use. Hints only: they never fault, and are
+//! no-ops off x86-64.
+
+/// Asks the caches for the line holding `p`. A hint only: never faults, a no-op off x86-64.
+#[inline(always)]
+pub(crate) fn prefetch_line(p: *const u8) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: prefetch never dereferences.
+    unsafe {
+        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(p as *const i8)
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = p;
+}
+
+/// Prefetches bytes `[start, start + len)` of the allocation at `base` into L2, one request per
+/// cache line. A hint only: never faults, and a no-op off x86-64.
+#[inline]
+pub(crate) fn prefetch_span(base: *const u8, start: usize, len: usize) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T1};
+        let mut off = start & !63;
+        while off < start + len {
+            // SAFETY: prefetch never dereferences; `wrapping_add` keeps the pointer arithmetic
+            // defined even at the span's end.
+            unsafe { _mm_prefetch::<_MM_HINT_T1>(base.wrapping_add(off) as *const i8) };
+            off += 64;
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (base, start, len);
+}
