@@ -798,6 +798,8 @@ import contextlib  # noqa: E402
 
 @contextlib.contextmanager
 def cuda_splits(value):
+    """EXLA_RS_CUDA_SPLITS=value inside the block. The launcher reads it when the call executes, and
+    jax dispatches asynchronously: block on every result inside (split_call does)."""
     old = os.environ.get("EXLA_RS_CUDA_SPLITS")
     os.environ["EXLA_RS_CUDA_SPLITS"] = str(value)
     try:
@@ -827,6 +829,23 @@ def decode_cases(d):
 DECODE_PARAMS = [pytest.param(c, dt, n, id=f"{c.name}-{dt}-s{n}") for d in CUDA_DIMS for dt in ("f16", "bf16")
                  for c, n in zip(decode_cases(d), (3, 7, 128, 2))]
 DECODE_PARAMS += [pytest.param(c, "f32", 4, id=f"{c.name}-f32-s4") for d in (64, 256) for c in decode_cases(d)[:2]]
+# Padded head dims (the split kernels run on the next kernel head dim's zero-padded copies, their
+# partials after the copies in the workspace).
+DECODE_PARAMS += [pytest.param(c, dt, 3, id=f"{c.name}-{dt}-s3") for d in (40, 80) for dt in ("f16", "bf16") for c in decode_cases(d)[:2]]
+
+
+def split_call(value, fn):
+    """fn() run to completion with EXLA_RS_CUDA_SPLITS=value; on the executor also checks the path
+    taken: the split kernel exactly when the setting is not off (a decode call, no dropout)."""
+    before = dict(ex.gpusim_launch_counts()) if PLATFORM == "cuda-on-cpu" else None
+    with cuda_splits(value):
+        out = jax.block_until_ready(fn())
+    if before is not None:
+        after = ex.gpusim_launch_counts()
+        ran = {n for n in after if after[n] != before.get(n, 0)}
+        split = any("_fwd_split_" in n for n in ran)
+        assert split == (value != "off") or any("_f32_" in n or "_drop" in n for n in ran), f"EXLA_RS_CUDA_SPLITS={value}: ran {sorted(ran)}"
+    return out
 
 
 def check_split_vs_reference(x, dt, got, ref, ctx):
@@ -841,10 +860,8 @@ def test_decode_split_matches_float64_and_the_non_split_forward(case, dt, splits
     x = make(case, DTYPES[dt], seed())
     ctx = f"seed={x.seed} splits={splits}"
     ref = ex.reference_fwd(x.q, x.k, x.v, x.kv_len, x.q_start, **x.kw)
-    with cuda_splits(splits):
-        split_o, split_lse = run_fwd(x)
-    with cuda_splits("off"):
-        base_o, base_lse = run_fwd(x)
+    split_o, split_lse = split_call(splits, lambda: run_fwd(x))
+    base_o, base_lse = split_call("off", lambda: run_fwd(x))
     check_split_vs_reference(x, dt, (split_o, split_lse), ref, ctx)
     check_split_vs_reference(x, dt, (base_o, base_lse), ref, ctx + " (non-split)")
     split_o, base_o = np.asarray(split_o).astype(np.float32), np.asarray(base_o).astype(np.float32)
@@ -880,8 +897,7 @@ def test_decode_split_with_masks_bias_alibi(case, extra, dt, splits):
     outs = {}
     for setting in (splits, "off"):
         poison((x.q.shape, x.q.dtype), ((case.b, case.h, case.sq), np.float32))
-        with cuda_splits(setting):
-            outs[setting] = ex.flash_attn_fwd(q, k, v, kv, qs, platform=PLATFORM, **x.kw, **gext)
+        outs[setting] = split_call(setting, lambda: ex.flash_attn_fwd(q, k, v, kv, qs, platform=PLATFORM, **x.kw, **gext))
         masked = check_forward(x, dt, *outs[setting], ref_o, ref_lse, f"{ctx} setting={setting}")
     if extra.key_mask == "all_masked" or extra.bias_neg_inf:
         assert masked.any(), f"the case should have fully masked rows ({ctx})"
@@ -889,6 +905,21 @@ def test_decode_split_with_masks_bias_alibi(case, extra, dt, splits):
     assert rel_err(a, b) <= TOL[dt], ctx
 
 
+@cuda_only
+def test_decode_workspace_holds_the_split_partials():
+    """The forward's workspace for a decode shape (the contract's "Decode on CUDA"): f32 partials of
+    the most splits the launcher may take, S = min(128, key tiles, 1024 / CTAs of one split)."""
+    a = lambda n: -(-n // 256) * 256
+    b, sk, h, hkv, d = 8, 32768, 32, 8, 128
+    s = min(128, sk // 64, 1024 // (1 * hkv * b))  # one row block of 4 packed rows per (kv head, batch)
+    assert s == 16
+    assert ex.workspace_bytes(0, PLATFORM, jnp.bfloat16, b, 1, sk, h, hkv, d) == a(s * b * h * d * 4) + a(s * b * h * 4)
+    assert ex.workspace_bytes(0, PLATFORM, jnp.float16, 1, 3, 200, 4, 1, 256) == a(7 * 4 * 3 * 256 * 4) + a(7 * 4 * 3 * 4)  # 7 tiles of 32
+    assert ex.workspace_bytes(0, PLATFORM, np.float32, b, 1, sk, h, hkv, d) == 0  # f32: the SIMT forward, no split
+    assert ex.workspace_bytes(0, PLATFORM, jnp.bfloat16, b, 1, 64, h, hkv, d) == 0  # one key tile: one split
+
+
+@cuda_only
 @pytest.mark.parametrize("dt", ["f16", "bf16"])
 def test_decode_split_nan_in_a_visible_key_poisons_its_rows_only(dt):
     """A NaN in K or V at a key a row sees makes that row's o NaN on both paths (the combine pass
@@ -905,8 +936,7 @@ def test_decode_split_nan_in_a_visible_key_poisons_its_rows_only(dt):
     runs = {}
     for setting in (4, "off"):
         for name, kk, vv in (("clean", k, v), ("poisoned", pk, pv)):
-            with cuda_splits(setting):
-                o, _ = ex.flash_attn_fwd(*on_gpu(q, kk, vv, kv, qs), platform=PLATFORM, **kw)
+            o, _ = split_call(setting, lambda: ex.flash_attn_fwd(*on_gpu(q, kk, vv, kv, qs), platform=PLATFORM, **kw))
             runs[setting, name] = np.asarray(o).astype(np.float32)
     # NaN where the poison reaches: every column of the rows whose score is NaN (K), column 5 of
     # the rows that weigh the NaN V; everything else as in the clean call, bit for bit.
@@ -928,8 +958,7 @@ def test_decode_split_counts_and_dropout_fallback(dt):
     x = make(case, DTYPES[dt], seed())
     ref = ex.reference_fwd(x.q, x.k, x.v, x.kv_len, x.q_start, **x.kw)
     for n in (1, 2, 3, 4, 5, 6, 9, 128):
-        with cuda_splits(n):
-            o, lse = run_fwd(x)
+        o, lse = split_call(n, lambda: run_fwd(x))
         check_split_vs_reference(x, dt, (o, lse), ref, f"seed={x.seed} splits={n}")
     if missing_features(["dropout"]):
         return
@@ -937,7 +966,7 @@ def test_decode_split_counts_and_dropout_fallback(dt):
     q, k, v, kv, qs = on_gpu(x.q, x.k, x.v, x.kv_len, x.q_start)
     before = dict(ex.gpusim_launch_counts()) if PLATFORM == "cuda-on-cpu" else None
     with cuda_splits(4):
-        o, _ = ex.flash_attn_fwd(q, k, v, kv, qs, platform=PLATFORM, **x.kw, dropout_key=key, dropout_rate=0.25)
+        o, _ = jax.block_until_ready(ex.flash_attn_fwd(q, k, v, kv, qs, platform=PLATFORM, **x.kw, dropout_key=key, dropout_rate=0.25))
     assert np.isfinite(np.asarray(o).astype(np.float32)).all()
     if before is not None:
         after = ex.gpusim_launch_counts()
