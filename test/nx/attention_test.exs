@@ -150,17 +150,21 @@ defmodule ExlaRs.AttentionTest do
       # No O(S²) work outside the block.
       refute Map.has_key?(walked.ops, :dot)
 
-      assert tag == %Forward{scale: 0.25, softcap: 0.0, window_left: -1, window_right: 0, workspace: 0}
+      # D = 16 runs on CUDA as D = 32 through zero-padded copies of q, k, v and o in the workspace
+      # (f32: 4 bytes each), so the tag carries them: the most any platform asks for.
+      padded = 4 * 32 * (2 * 8 * 4 + 2 * (2 * 10 * 2) + 2 * 8 * 4)
+      assert tag == %Forward{scale: 0.25, softcap: 0.0, window_left: -1, window_right: 0, workspace: padded}
       assert Enum.map(in_args, &{&1.type, &1.shape}) ==
                [{{:f, 32}, {2, 8, 4, 16}}, {{:f, 32}, {2, 10, 2, 16}}, {{:f, 32}, {2, 10, 2, 16}}, {{:s, 32}, {2}}, {{:s, 32}, {2}}]
 
       # The traced default (what EXLA hands to EXLA.CustomCall as `out`) is the declared template.
       template = ExlaRs.Attention.forward_template(tag, q)
-      assert tuple_size(out) == 2
+      assert tuple_size(out) == 3
       assert Enum.map(Tuple.to_list(out), &{&1.type, &1.shape}) ==
                Enum.map(Tuple.to_list(template), &{&1.type, &1.shape})
 
-      assert Enum.map(Tuple.to_list(out), &{&1.type, &1.shape}) == [{{:f, 32}, {2, 8, 4, 16}}, {{:f, 32}, {2, 4, 8}}]
+      assert Enum.map(Tuple.to_list(out), &{&1.type, &1.shape}) ==
+               [{{:f, 32}, {2, 8, 4, 16}}, {{:f, 32}, {2, 4, 8}}, {{:u, 8}, {padded}}]
     end
 
     test "grad contains exactly one forward and one backward block, fed by the forward's o and lse",
@@ -197,8 +201,12 @@ defmodule ExlaRs.AttentionTest do
       assert %{op: :block} = fwd_tuple.data
       assert {bdo.type, bdo.shape} == {{:f, 32}, {2, 8, 4, 16}}
 
+      # dq, dk, dv, then the workspace (D = 16 is padded on CUDA: see the forward's test).
+      # At least the padded copies of q, o, do, dq and of k, v, dk, dv.
+      assert bwd.workspace >= 4 * 32 * (4 * (2 * 8 * 4) + 4 * (2 * 10 * 2))
+
       assert Enum.map(Tuple.to_list(bwd_out), &{&1.type, &1.shape}) ==
-               [{{:f, 32}, {2, 8, 4, 16}}, {{:f, 32}, {2, 10, 2, 16}}, {{:f, 32}, {2, 10, 2, 16}}]
+               [{{:f, 32}, {2, 8, 4, 16}}, {{:f, 32}, {2, 10, 2, 16}}, {{:f, 32}, {2, 10, 2, 16}}, {{:u, 8}, {bwd.workspace}}]
     end
 
     test "the gradient through lse is a second backward block on widened operands, also fed by the forward",
