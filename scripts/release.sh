@@ -12,7 +12,7 @@
 # Publish: upload the .tar.gz files to the release's base URL (the GitHub release v<version>,
 # or a mirror), then `mix hex.publish package` from the staging copy printed at the end.
 #
-# Every artifact embeds every CUDA kernel (sm_80, sm_90 and sm_90a machine code, compute_90 PTX;
+# Every artifact embeds every CUDA kernel (sm_80, sm_90 and sm_90a machine code, compute_80 PTX;
 # sm_86/sm_89 GPUs run the sm_80 images), so one file serves CPU-only and GPU machines: nvcc is required (scripts/env.sh
 # finds the pip nvcc setup.sh installs), and the script refuses an artifact without them.
 # Only x86_64-unknown-linux-gnu is built; see docs/getting-started.md for the other targets.
@@ -69,7 +69,7 @@ pack() { # pack DIR FILE TARBALL
 # check_kernels SO: every kernel file's fatbin is inside (build.rs embeds them as data, so
 # cuobjdump does not see them in the library itself): cut each fatbin out by its header (magic
 # 0xBA55ED50, u16 version, u16 header size, u64 payload size) and list its images. Each kernel
-# file must be there, with sm_80 and sm_90 cubins and compute_90 PTX for the mma.sync set (one
+# file must be there, with sm_80 and sm_90 cubins and compute_80 PTX for the mma.sync set (one
 # file per dtype, head dim and feature set), and sm_90a cubins for the sm90 set.
 check_kernels() {
   local dir=$stage/fatbins
@@ -102,8 +102,8 @@ PY
     [[ $arch == sm_90a ]] && need=$sm90 || need=$mma
     ((count >= need)) || { echo "release.sh: $1 has $count $arch cubins, not $need" >&2; return 1; }
   done
-  count=$(grep -c "\.sm_90\.ptx" <<<"$all_ptx" || true)
-  ((count >= mma)) || { echo "release.sh: $1 has $count compute_90 PTX images, not $mma" >&2; return 1; }
+  count=$(grep -c "\.sm_80\.ptx" <<<"$all_ptx" || true)
+  ((count >= mma)) || { echo "release.sh: $1 has $count compute_80 PTX images, not $mma" >&2; return 1; }
   echo "  kernels: $files fatbins, $(grep -c cubin <<<"$all_elf") cubins ($(grep -o 'sm_[0-9a]*\.cubin' <<<"$all_elf" | sort | uniq -c | awk '{printf "%s %s, ", $1, $2}' | sed 's/\.cubin//g; s/, $//')), $count PTX"
 }
 
@@ -111,15 +111,24 @@ stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT
 build_artifacts() { # one artifact per NIF version, then the checksum file
   checksums=()
-  # The crate's default (2.16) last: the source build of `mix compile` in this checkout then finds
-  # the library cargo left up to date instead of relinking it.
+  # The crate's default (2.16) last, and built with the default features rather than naming them:
+  # `--no-default-features --features nif_version_2_16` is another feature set to cargo (without
+  # `default`), so Rustler's `cargo rustc -p exla_rs_nif --release` (mix compile's source build in
+  # this checkout) relinked the library, 75 s, where it now finds it up to date.
   ordered=$(tr ' ' '\n' <<<"$nif_versions" | grep -v '^2\.16$' || true; grep -ow '2\.16' <<<"$nif_versions" || true)
   for nif in $ordered; do
     feature=nif_version_${nif/./_}
     name=libexla_rs_nif-v$version-nif-$nif-$target
     echo "=== NIF $nif ($feature)"
     start=$SECONDS
-    cargo build --release --manifest-path "$CARGO_MANIFEST" -p exla_rs_nif --no-default-features --features "$feature"
+    if [[ $feature == nif_version_2_16 ]]; then
+      grep -qx 'default = \["nif_version_2_16"\]' native/exla_rs/crates/exla-rs-nif/Cargo.toml ||
+        { echo "release.sh: exla_rs_nif's default feature is no longer nif_version_2_16" >&2; exit 1; }
+      features=()
+    else
+      features=(--no-default-features --features "$feature")
+    fi
+    cargo build --release --manifest-path "$CARGO_MANIFEST" -p exla_rs_nif "${features[@]}"
     cp native/exla_rs/target/release/libexla_rs_nif.so "$stage/$name.so"
     check_kernels "$stage/$name.so"
     pack "$stage" "$name.so" "$out/$name.so.tar.gz"

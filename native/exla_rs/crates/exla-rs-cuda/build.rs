@@ -227,7 +227,7 @@ fn compile_cached(nvcc: &Nvcc, file: &Path, targets: &[arch::Target], out: &Path
         return compile_one(nvcc, file, targets, &dst, kernels).map(|_| false);
     };
     let flat = std::fs::read(flat_dir.join(file.file_name().unwrap())).map_err(|e| format!("{stem}: {e}"))?;
-    let gencodes: Vec<String> = targets.iter().map(|t| t.gencode()).collect();
+    let gencodes = arch::gencodes(targets);
     let key = fnv128(&[&flat, nvcc.version.as_bytes(), NVCC_FLAGS.join(" ").as_bytes(), gencodes.join(" ").as_bytes()]);
     let entry = cache.join(format!("{stem}-{key}.fatbin"));
     if std::fs::copy(&entry, &dst).is_ok() {
@@ -248,8 +248,8 @@ fn compile_one(nvcc: &Nvcc, file: &Path, targets: &[arch::Target], dst: &Path, k
     // -lineinfo: compute-sanitizer and profilers map SASS back to the .cuh lines (no speed cost).
     // -compress-all: the driver inflates images at load; the library shrinks from ~30 to ~8 MB.
     cmd.args(NVCC_FLAGS);
-    for t in targets {
-        cmd.arg("-gencode").arg(t.gencode());
+    for g in arch::gencodes(targets) {
+        cmd.arg("-gencode").arg(g);
     }
     cmd.arg("-I").arg(kernels).arg("-o").arg(dst).arg(file);
     let o = cmd.output().map_err(|e| format!("{}: cannot run: {e}", nvcc.path.display()))?;

@@ -21,10 +21,12 @@ use std::sync::Mutex;
 use std::time::{Instant, SystemTime};
 
 /// What every translation unit is compiled with. `-fno-strict-aliasing`: the kernels reinterpret
-/// registers and shared memory the way CUDA code does; `-g1`: line tables for sanitizer reports;
-/// `-Wno-psabi`: GCC's note that passing 128-byte-aligned parameters (the sm90 tensor maps) changed
-/// ABI in GCC 4.6 concerns mixing compilers, and every caller here is built by the same one.
-const BASE_FLAGS: [&str; 7] = ["-O2", "-g1", "-std=c++17", "-DEXLA_RS_CPU", "-fno-strict-aliasing", "-fPIC", "-Wno-psabi"];
+/// registers and shared memory the way CUDA code does; `-Wno-psabi`: GCC's note that passing
+/// 128-byte-aligned parameters (the sm90 tensor maps) changed ABI in GCC 4.6 concerns mixing
+/// compilers, and every caller here is built by the same one. The sanitizer modes add `-g1` (line
+/// tables for their reports, [`Mode::flags`]); the plain build's failures are the executor's own
+/// messages, and line tables cost it a third of its compile time (bwd d128: 1.7 s, 1.2 s without).
+const BASE_FLAGS: [&str; 6] = ["-O2", "-std=c++17", "-DEXLA_RS_CPU", "-fno-strict-aliasing", "-fPIC", "-Wno-psabi"];
 
 /// `executor/` files compiled without sanitizer instrumentation: the executor core. Its
 /// bookkeeping and the fibers' stacks are shared by every fiber and ordered by the scheduler, not
@@ -65,24 +67,27 @@ impl Mode {
     fn flags(self) -> &'static [&'static str] {
         match self {
             // -fno-omit-frame-pointer: whole stacks in sanitizer reports.
-            Mode::Thread => &["-DEXLA_RS_GPUSIM_TSAN", "-fno-omit-frame-pointer"],
-            // -O1 (after BASE_FLAGS' -O2, so it wins): the AddressSanitizer build compiles every
-            // kernel to run the harness once (about 10 s), and at -O2 its compile was 200 s of
-            // the asan step; -O1 compiles a heavy unit in 60% of the time (bwd d128, 6.0 -> 3.5 s)
-            // and checks the same accesses.
-            Mode::Address => &["-DEXLA_RS_GPUSIM_ASAN", "-fno-omit-frame-pointer", "-O1"],
+            Mode::Thread => &["-DEXLA_RS_GPUSIM_TSAN", "-fno-omit-frame-pointer", "-g1"],
+            Mode::Address => &["-DEXLA_RS_GPUSIM_ASAN", "-fno-omit-frame-pointer", "-g1"],
             Mode::Plain | Mode::Stats => &[],
         }
     }
 
     /// The instrumentation a unit gets: the sanitizers instrument everything but the core; the
     /// statistics build only the kernels (the models report their own accesses).
-    fn instrument(self, u: &Unit) -> Option<&'static str> {
+    ///
+    /// AddressSanitizer's units are compiled at -O0 (after BASE_FLAGS' -O2, so it wins): the build
+    /// compiles every kernel to run each harness case once, and its compile was most of the asan
+    /// step (a heavy unit, bwd d128: 6.0 s at -O2, 3.5 s at -O1, 0.5 s at -O0); the run, about
+    /// 30 s a shard at -O0, costs less than the compile saves. -O0 checks every load and store
+    /// the source makes; an optimiser may only remove some. The uninstrumented core keeps -O2:
+    /// its scheduler is the run's own overhead.
+    fn instrument(self, u: &Unit) -> &'static [&'static str] {
         match self {
-            Mode::Thread if u.instrumentable => Some("-fsanitize=thread"),
-            Mode::Address if u.instrumentable => Some("-fsanitize=address"),
-            Mode::Stats if u.cuda => Some("-fsanitize=thread"),
-            _ => None,
+            Mode::Thread if u.instrumentable => &["-fsanitize=thread"],
+            Mode::Address if u.instrumentable => &["-fsanitize=address", "-O0"],
+            Mode::Stats if u.cuda => &["-fsanitize=thread"],
+            _ => &[],
         }
     }
 
@@ -115,16 +120,15 @@ fn main() {
     flags.push(format!("-I{}", kernels.display()));
     flags.push(format!("-I{}", manifest.display()));
     flags.extend(mode.flags().iter().map(|s| s.to_string()));
-    if let Ok(extra) = std::env::var("EXLA_RS_GPUSIM_CXXFLAGS") {
-        flags.extend(extra.split_whitespace().map(str::to_string));
-    }
+    // Last on every command line, so that they win over the mode's and the unit's.
+    let extra: Vec<String> = std::env::var("EXLA_RS_GPUSIM_CXXFLAGS").unwrap_or_default().split_whitespace().map(str::to_string).collect();
 
     let units = sources(&kernels, &executor, mode);
     // One object directory per mode: switching EXLA_RS_GPUSIM_SANITIZE in one target dir
     // (scripts/gpu_on_cpu.sh) re-archives that mode's objects instead of recompiling them.
     let obj_dir = out.join(format!("obj-{}", mode.name()));
     std::fs::create_dir_all(&obj_dir).unwrap();
-    let objects = compile_all(&cxx, &flags, mode, &units, &obj_dir);
+    let objects = compile_all(&cxx, &flags, &extra, mode, &units, &obj_dir);
     archive(&objects, &out.join("libexla_rs_gpusim.a"));
 
     println!("cargo:rustc-link-search=native={}", out.display());
@@ -186,10 +190,11 @@ fn sources(kernels: &Path, executor: &Path, mode: Mode) -> Vec<Unit> {
 }
 
 /// The compiler's command line for one unit (also its staleness stamp).
-fn command_line(cxx: &str, flags: &[String], mode: Mode, u: &Unit, obj: &Path) -> Vec<String> {
+fn command_line(cxx: &str, flags: &[String], extra: &[String], mode: Mode, u: &Unit, obj: &Path) -> Vec<String> {
     let mut args = vec![cxx.to_string()];
     args.extend(flags.iter().cloned());
-    args.extend(mode.instrument(u).map(str::to_string));
+    args.extend(mode.instrument(u).iter().map(|s| s.to_string()));
+    args.extend(extra.iter().cloned());
     args.extend(["-MMD".into(), "-MF".into(), obj.with_extension("d").display().to_string(), "-c".into()]);
     if u.cuda {
         args.extend(["-x".into(), "c++".into()]);
@@ -227,7 +232,7 @@ fn stale(obj: &Path, cmd: &str) -> bool {
 }
 
 /// Compiles the stale units on `NUM_JOBS` threads; returns every object, in unit order.
-fn compile_all(cxx: &str, flags: &[String], mode: Mode, units: &[Unit], obj_dir: &Path) -> Vec<PathBuf> {
+fn compile_all(cxx: &str, flags: &[String], extra: &[String], mode: Mode, units: &[Unit], obj_dir: &Path) -> Vec<PathBuf> {
     let jobs: usize = std::env::var("NUM_JOBS")
         .ok()
         .and_then(|j| j.parse().ok())
@@ -236,7 +241,7 @@ fn compile_all(cxx: &str, flags: &[String], mode: Mode, units: &[Unit], obj_dir:
     let mut todo = Vec::new();
     for u in units {
         let obj = obj_dir.join(&u.obj);
-        let cmd = command_line(cxx, flags, mode, u, &obj);
+        let cmd = command_line(cxx, flags, extra, mode, u, &obj);
         if stale(&obj, &cmd.join(" ")) {
             todo.push((obj, cmd));
         }

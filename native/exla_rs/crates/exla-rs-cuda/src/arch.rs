@@ -10,14 +10,19 @@ pub enum Target {
     Ptx { major: u32, minor: u32, arch_specific: bool },
 }
 
-/// Machine code for Ampere (sm_80) and Hopper (sm_90), plus compute_90 PTX that the driver
+/// Machine code for Ampere (sm_80) and Hopper (sm_90), plus compute_80 PTX that the driver
 /// JIT-compiles on anything newer (Blackwell). sm_86 (A10/RTX 30) and sm_89 (L4/RTX 40) run the
 /// sm_80 images: SASS of one major version runs on its later minor versions, and flash-attention
 /// ships the same two. Building them as well would double the nvcc time of the kernel set, which
 /// has one instantiation per feature set (config.rs FeatureSet); name them in `EXLA_RS_CUDA_ARCHS`
 /// to have them tuned for. CUDA 13's nvcc no longer targets anything before sm_75, and the kernels
 /// need sm_80.
-pub const DEFAULT_ARCHS: &str = "sm_80,sm_90,compute_90";
+///
+/// The PTX is compute_80, not compute_90: all three images then come from one front-end (cicc)
+/// pass, the larger half of nvcc's time per file (see [`gencodes`]). The mma.sync kernels use
+/// nothing past sm_80 (no `__CUDA_ARCH__` test anywhere in `kernels/`), so the sm_90 machine code
+/// ptxas makes from compute_80 PTX runs the same instructions, and so does a JIT of it.
+pub const DEFAULT_ARCHS: &str = "sm_80,sm_90,compute_80";
 
 /// The oldest architecture the kernels support (cp.async, bf16 mma.sync).
 pub const MIN_ARCH: (u32, u32) = (8, 0);
@@ -60,6 +65,34 @@ impl Target {
             }
         }
     }
+}
+
+/// nvcc's `-gencode` values for a list of targets, with as few front-end (cicc) passes as the list
+/// allows: nvcc runs cicc once per virtual architecture (`arch=compute_XY`), and ptxas once per
+/// machine-code image. Machine code of every plain target is assembled from the PTX of the lowest
+/// plain architecture in the list (ptxas takes older PTX for newer GPUs), with that PTX embedded
+/// when the list asks for it; a PTX target above it, and each arch-specific (`a`) target, needs
+/// its own pass. `sm_80,sm_90,compute_80` is one pass:
+/// `arch=compute_80,code=[sm_80,sm_90,compute_80]`.
+#[allow(dead_code)] // build.rs's (this file is included there); the library only reports targets
+pub fn gencodes(targets: &[Target]) -> Vec<String> {
+    let plain = |t: &&Target| !matches!(t, Target::Sass { arch_specific: true, .. } | Target::Ptx { arch_specific: true, .. });
+    let mut out = Vec::new();
+    if let Some(base) = targets.iter().filter(plain).map(|t| t.version()).min() {
+        let ptx_base = Target::Ptx { major: base.0, minor: base.1, arch_specific: false };
+        let codes: Vec<String> = targets
+            .iter()
+            .filter(plain)
+            .filter(|t| matches!(t, Target::Sass { .. }) || **t == ptx_base)
+            .map(|t| t.name())
+            .collect();
+        out.push(format!("arch={},code=[{}]", ptx_base.name(), codes.join(",")));
+        for t in targets.iter().filter(plain).filter(|t| matches!(t, Target::Ptx { .. }) && **t != ptx_base) {
+            out.push(t.gencode());
+        }
+    }
+    out.extend(targets.iter().filter(|t| !plain(t)).map(|t| t.gencode()));
+    out
 }
 
 /// Parses `sm_80,sm_90a,compute_90` (commas or spaces). Errors name the offending entry.
@@ -111,9 +144,23 @@ mod tests {
     fn default_list_parses_to_sass_and_ptx() {
         let t = parse_arch_list(DEFAULT_ARCHS).unwrap();
         let names: Vec<String> = t.iter().map(|t| t.name()).collect();
-        assert_eq!(names, ["sm_80", "sm_90", "compute_90"]);
+        assert_eq!(names, ["sm_80", "sm_90", "compute_80"]);
         assert_eq!(t[1].gencode(), "arch=compute_90,code=sm_90");
-        assert_eq!(t[2].gencode(), "arch=compute_90,code=compute_90");
+        assert_eq!(t[2].gencode(), "arch=compute_80,code=compute_80");
+        // One front-end pass makes all three images.
+        assert_eq!(gencodes(&t), ["arch=compute_80,code=[sm_80,sm_90,compute_80]"]);
+    }
+
+    #[test]
+    fn gencodes_share_a_front_end_pass_where_the_list_allows() {
+        let g = |list: &str| gencodes(&parse_arch_list(list).unwrap());
+        // PTX above the lowest machine code needs its own pass; arch-specific targets always do.
+        assert_eq!(g("sm_80,sm_90,compute_90"), ["arch=compute_80,code=[sm_80,sm_90]", "arch=compute_90,code=compute_90"]);
+        assert_eq!(g("sm_90a"), ["arch=compute_90a,code=sm_90a"]);
+        assert_eq!(g("sm_90,sm_90a,compute_90"), ["arch=compute_90,code=[sm_90,compute_90]", "arch=compute_90a,code=sm_90a"]);
+        // The lowest plain architecture sets the pass even when it is PTX only.
+        assert_eq!(g("compute_80,sm_86,sm_89"), ["arch=compute_80,code=[compute_80,sm_86,sm_89]"]);
+        assert_eq!(g("sm_100"), ["arch=compute_100,code=[sm_100]"]);
     }
 
     #[test]

@@ -127,7 +127,7 @@ pub struct KernelBuildInfo {
     /// Machine-code targets in the fatbins, e.g. `["sm_80", "sm_90"]`; empty
     /// when nvcc was absent at build time.
     pub embedded_archs: Vec<String>,
-    /// The PTX target embedded for JIT on newer GPUs, e.g. `compute_90`.
+    /// The PTX target embedded for JIT on newer GPUs, e.g. `compute_80`.
     pub ptx_arch: Option<String>,
     /// `nvcc --version`'s release line, when nvcc compiled the kernels.
     pub nvcc_version: Option<String>,

@@ -150,9 +150,22 @@ static const void* g_main_bottom = nullptr;
 static size_t g_main_size = 0;
 #endif
 
+#if defined(EXLA_RS_GPUSIM_ASAN)
+// Whether the switch in progress left the scheduler's stack: a fiber may also start when another
+// hands over to it (a thread that waits resumes the next runnable one directly), and only the
+// scheduler's stack is the one to remember.
+static bool g_switch_from_main = false;
+#endif
+
 void fiber_entered() {
 #if defined(EXLA_RS_GPUSIM_ASAN)
-  __sanitizer_finish_switch_fiber(nullptr, &g_main_bottom, &g_main_size);
+  const void* bottom = nullptr;
+  size_t size = 0;
+  __sanitizer_finish_switch_fiber(nullptr, &bottom, &size);
+  if (g_switch_from_main) {
+    g_main_bottom = bottom;
+    g_main_size = size;
+  }
 #endif
 }
 
@@ -161,6 +174,7 @@ void fiber_switch(Fiber& from, Fiber& to) {
   __tsan_switch_to_fiber(to.tsan, __tsan_switch_to_fiber_no_sync);
 #endif
 #if defined(EXLA_RS_GPUSIM_ASAN)
+  g_switch_from_main = from.stack == nullptr;
   void* fake = nullptr;
   __sanitizer_start_switch_fiber(&fake, to.stack ? to.asan_bottom : g_main_bottom, to.stack ? to.asan_size : g_main_size);
 #endif

@@ -199,10 +199,19 @@ struct Launch {
   std::string error;
   bool failed = false;
   char start_sync = 0, end_sync = 0;
-  std::vector<void*> tsan_threads;  // tsan_sets(nthreads) sets of nthreads, made on first use
+  size_t tsan_slots = 0;  // tsan_sets(nthreads) sets of nthreads: the first slots of g_tsan_pool
 };
 
 Launch* g = nullptr;  // the launch in progress (one at a time: g_mutex)
+#if defined(EXLA_RS_GPUSIM_TSAN)
+// The ThreadSanitizer threads the blocks' CUDA threads run as, made on first use and kept for the
+// process's life: every launch reuses the pool's first slots (set s, thread i at s * nthreads + i).
+// Making and destroying up to 2048 of them per launch (each a zeroed sanitizer thread state and
+// its shadow stack) was most of the tsan harness's time, nearly all of it the kernel's page
+// faults. Reuse orders nothing a GPU leaves unordered: launches on a stream are ordered anyway
+// (start_sync / end_sync), and within a launch block n still runs on set n mod tsan_sets.
+std::vector<void*> g_tsan_pool;  // g_mutex
+#endif
 // A warpgroup collective's ThreadSanitizer token while its function runs (wgmma_enqueue takes it).
 void* g_current_token = nullptr;
 std::mutex g_mutex;
@@ -229,6 +238,23 @@ void switch_to_scheduler() {
   fiber_switch(t->fiber, g->sched);
 }
 
+// The scheduler's order (run_block): passes over the threads in thread order, each runnable one
+// run until it waits. A thread that waits hands over to the next runnable thread of the pass
+// itself, and only the pass's last one goes back to the scheduler: one switch per hand-over
+// instead of two (a warp collective is 32 of them), the same order.
+void yield_in_pass() {
+  ThreadState* t = g->cur;
+  for (size_t i = t->tid + 1; i < g->threads.size(); ++i) {
+    ThreadState& next = g->threads[i];
+    if (!next.done && next.runnable) {
+      g->cur = &next;
+      fiber_switch(t->fiber, next.fiber);
+      return;  // whoever resumed t made it g->cur
+    }
+  }
+  switch_to_scheduler();
+}
+
 // Blocks the current thread until something makes it runnable again.
 void block(ThreadState::Wait w, uint64_t key, unsigned arg, const char* site) {
   ThreadState* t = g->cur;
@@ -237,7 +263,7 @@ void block(ThreadState::Wait w, uint64_t key, unsigned arg, const char* site) {
   t->wait_arg = arg;
   t->wait_site = site;
   t->runnable = false;
-  switch_to_scheduler();
+  yield_in_pass();
   t->wait = ThreadState::Wait::None;
 }
 
@@ -276,7 +302,7 @@ void fiber_main() {
   ThreadState* t = g->cur;
   t->done = true;
   tsan_release(&g->end_sync);
-  switch_to_scheduler();
+  yield_in_pass();
   __builtin_trap();  // a finished fiber is never resumed
 }
 
@@ -514,7 +540,7 @@ void run_block() {
   for (auto& m : L.cp_bank) m.clear();
 #if defined(EXLA_RS_GPUSIM_TSAN)
   const uint64_t block_no = L.bidx.x + (uint64_t)L.grid.x * (L.bidx.y + (uint64_t)L.grid.y * L.bidx.z);
-  const size_t set = block_no % (L.tsan_threads.size() / L.nthreads);
+  const size_t set = block_no % (L.tsan_slots / L.nthreads);
 #endif
   for (unsigned i = 0; i < L.nthreads; ++i) {
     ThreadState& t = L.threads[i];
@@ -529,13 +555,14 @@ void run_block() {
     t.cp_groups.clear();
     t.cp_seq = 0;
 #if defined(EXLA_RS_GPUSIM_TSAN)
-    void*& thread = L.tsan_threads[set * L.nthreads + i];
+    void*& thread = g_tsan_pool[set * L.nthreads + i];
     if (!thread) thread = tsan_context_create();
     t.fiber.tsan = thread;
 #endif
     fiber_reset(t.fiber, fiber_main);
   }
   for (;;) {
+    // One pass: the first runnable thread, which hands over to the next ones (yield_in_pass).
     bool ran = false, all_done = true;
     for (auto& t : L.threads) {
       if (t.done) continue;
@@ -546,6 +573,7 @@ void run_block() {
       fiber_switch(L.sched, t.fiber);
       L.cur = nullptr;
       if (L.failed) return;
+      break;
     }
     if (all_done) break;
     if (ran) continue;
@@ -644,6 +672,26 @@ unsigned char* smem_ptr(uint32_t off, size_t bytes, const char* what) {
   return g->smem + off;
 }
 
+// The last lane's work in a collective: fn on a contiguous array of the lanes' copies, results
+// back to each lane. Out of line: its 17 KiB of arrays then sit on one fiber's stack per
+// collective rather than in the frame of every lane that waits in one (5 more pages a lane).
+__attribute__((noinline)) static void complete_collective(Group& gr, unsigned n_lanes, const uint64_t mask[2], CollectiveFn fn,
+                                                         void* ctx) {
+  LaneIo* lanes[128];
+  static LaneIo unused;
+  for (unsigned i = 0; i < n_lanes; ++i) lanes[i] = ((mask[i / 64] >> (i % 64)) & 1) ? gr.io[i] : &unused;
+  LaneIo local[128];
+  for (unsigned i = 0; i < n_lanes; ++i) local[i] = *lanes[i];
+  void* token = gr.token;
+  gr.token = nullptr;
+  g_current_token = token;
+  fn(local, mask[0], mask[1], ctx);
+  if (g_current_token) delete static_cast<char*>(g_current_token);  // not claimed by the op
+  g_current_token = nullptr;
+  for (unsigned i = 0; i < n_lanes; ++i)
+    if ((mask[i / 64] >> (i % 64)) & 1) memcpy(lanes[i]->out, local[i].out, sizeof local[i].out);
+}
+
 static void collective(Group& gr, unsigned n_lanes, unsigned my, uint64_t key, bool wg, Op op, const uint64_t mask[2], const char* site,
                        LaneIo& io, CollectiveFn fn, void* ctx, bool orders_memory) {
   ThreadState* t = g->cur;
@@ -671,20 +719,7 @@ static void collective(Group& gr, unsigned n_lanes, unsigned my, uint64_t key, b
   if (gr.token) tsan_release(gr.token);
   if (gr.arrived[0] == gr.mask[0] && gr.arrived[1] == gr.mask[1]) {
     // Last to arrive: compute for everyone, then release the waiters.
-    LaneIo* lanes[128];
-    static LaneIo unused;
-    for (unsigned i = 0; i < n_lanes; ++i) lanes[i] = ((mask[i / 64] >> (i % 64)) & 1) ? gr.io[i] : &unused;
-    // fn sees a contiguous array of lane copies.
-    LaneIo local[128];
-    for (unsigned i = 0; i < n_lanes; ++i) local[i] = *lanes[i];
-    void* token = gr.token;
-    gr.token = nullptr;
-    g_current_token = token;
-    fn(local, mask[0], mask[1], ctx);
-    if (g_current_token) delete static_cast<char*>(g_current_token);  // not claimed by the op
-    g_current_token = nullptr;
-    for (unsigned i = 0; i < n_lanes; ++i)
-      if ((mask[i / 64] >> (i % 64)) & 1) memcpy(lanes[i]->out, local[i].out, sizeof local[i].out);
+    complete_collective(gr, n_lanes, mask, fn, ctx);
     gr.active = false;
     gr.gen += 1;
     const unsigned base = wg ? (unsigned)key * 128 : (unsigned)key * 32;
@@ -1117,7 +1152,8 @@ extern "C" int exla_rs_gpusim_launch(const char* kernel, const uint32_t grid[3],
   L.wg_async.resize((L.nthreads + 127) / 128);
   L.cp_bank.resize((L.nthreads + 31) / 32);
 #if defined(EXLA_RS_GPUSIM_TSAN)
-  L.tsan_threads.resize((size_t)tsan_sets(L.nthreads) * L.nthreads, nullptr);
+  L.tsan_slots = (size_t)tsan_sets(L.nthreads) * L.nthreads;
+  if (g_tsan_pool.size() < L.tsan_slots) g_tsan_pool.resize(L.tsan_slots, nullptr);
 #endif
   int rc = 0;
   for (auto& t : L.threads)
@@ -1157,13 +1193,12 @@ extern "C" int exla_rs_gpusim_launch(const char* kernel, const uint32_t grid[3],
   g = nullptr;
 #if defined(EXLA_RS_GPUSIM_TSAN)
   // A failed launch leaves fibers stopped inside the core with ThreadSanitizer's ignores on, and
-  // destroying such a fiber aborts the process: keep them (and their stacks) for the process's
-  // life; the report has already been written.
-  if (L.failed)
+  // destroying such a fiber aborts the process, as would running one again: keep them (and their
+  // stacks) for the process's life, out of the pool; the report has already been written.
+  if (L.failed) {
     for (auto& t : L.threads) t.fiber.stack = nullptr;
-  else
-    for (void* thread : L.tsan_threads)
-      if (thread) tsan_context_destroy(thread);
+    std::fill(g_tsan_pool.begin(), g_tsan_pool.begin() + (long)L.tsan_slots, nullptr);
+  }
 #endif
   for (auto& t : L.threads) fiber_unmap(t.fiber);
   free(L.smem);
