@@ -148,5 +148,9 @@ failed_steps=0
 for r in "${results[@]}"; do echo "$r"; [[ $r == FAIL* ]] && failed_steps=$((failed_steps + 1)); done
 # Tests across every suite (a step without a runner counts as one).
 echo "wall time: $SECONDS s"
+# Which machine: CI's budget differs by CPU (a Zen 1 EPYC is the slower one it names).
+awk -F': ' '/^model name/ && !m { m = $2 } /^cpu family/ && !f { f = $2 } /^model\t/ && !o { o = $2 }
+  /^flags/ && !x { n = split($2, a, " "); for (i = 1; i <= n; i++) if (a[i] ~ /^(avx2|avx512f|avx512_bf16|amx_tile)$/) x = x " " a[i] }
+  END { printf "machine: %s (family %s model %s), %d cores,%s\n", m, f, o, '"$(nproc)"', x }' /proc/cpuinfo
 echo "$total_passed passed, $total_failed failed"
 ((failed_steps == 0))
