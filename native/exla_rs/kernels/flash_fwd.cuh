@@ -6,6 +6,7 @@
 
 #include "common.cuh"
 #include "extras.cuh"
+#include "fwd_tile.cuh"
 
 namespace exla_rs {
 
@@ -180,34 +181,13 @@ __device__ __forceinline__ void flash_fwd(const FwdParams& p) {
     float s[BN / 8][4];
 #pragma unroll
     for (int i = 0; i < BN / 8; ++i) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-      unsigned a[4];
-      ldmatrix_x4(a, sQ + SwQ::off(warp * 16 + (lane & 15), kk * 16 + (lane >> 4) * 8));
-#pragma unroll
-      for (int nt = 0; nt < BN / 16; ++nt) {
-        unsigned bf[4];
-        ldmatrix_x4(bf, sKs + SwK::off(nt * 16 + (lane & 7) + (lane >> 4) * 8, kk * 16 + ((lane >> 3) & 1) * 8));
-        T::mma(s[2 * nt], a, bf[0], bf[1]);
-        T::mma(s[2 * nt + 1], a, bf[2], bf[3]);
-      }
-    }
+    tile_qk<T, BN, D, SwQ, SwK>(s, sQ, sKs, warp, lane);
 
     // Scores in the log2 domain; masked entries -inf (only tiles that straddle a bound test).
     const int n0 = n * BN;
     // full: every element of the tile is visible (no key_mask hole either): no per-element test.
     const bool full = mask.tile_full(m0, m0 + BM, n0, n0 + BN) && (!has_km || km_bits == kAllKeys);
-    if (p.softcap > 0.f) {  // uniform: the common path has no tanh in its loop
-#pragma unroll
-      for (int j = 0; j < BN / 8; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) s[j][e] = score(s[j][e], p.scale, p.softcap, p.softcap_inv) * kLog2e;
-    } else {
-#pragma unroll
-      for (int j = 0; j < BN / 8; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) s[j][e] *= scale_log2;
-    }
+    tile_scores_log2<BN>(s, p, scale_log2);
     // Bias and ALiBi after scale and softcap, before the masks: a hidden element becomes -inf
     // whatever its bias (NaN included).
     if (has_bias) {  // one loop per dtype, no per-element switch (and no generic lambda: NVRTC rejects it)
@@ -219,21 +199,7 @@ __device__ __forceinline__ void flash_fwd(const FwdParams& p) {
         add_bias_tile<BN, BiasBF16>(s, p, b, h, row_a, n0, tig, mask.kv_end);
     }
     if (kMasks && x.alibi_slopes != nullptr) add_alibi_tile<BN>(s, -x.alibi_slopes[h] * kLog2e, mask.q_start + row_a, n0, tig);
-    if (!full) {
-      // Bit c = j * 8 + h of vis: this thread's element (j, 2r + h), key n0 + tig * 2 + c, lies in row
-      // r's visible interval (and key_mask shows it): one bit test per element.
-      const unsigned long long km_mine = km_bits >> (tig * 2);
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        auto vis = bit_range<BN>(lo_r[r] - n0 - tig * 2, hi_r[r] - n0 - tig * 2);
-        if (has_km) vis &= static_cast<decltype(vis)>(km_mine);
-#pragma unroll
-        for (int j = 0; j < BN / 8; ++j)
-#pragma unroll
-          for (int h = 0; h < 2; ++h)
-            if (!((vis >> (j * 8 + h)) & 1)) s[j][2 * r + h] = neg_inf();
-      }
-    }
+    if (!full) tile_hide_invisible<BN>(s, lo_r, hi_r, n0, tig, km_bits, has_km);
 
     // A straddling tile holds keys that some of the block's rows must not see. P is exactly 0 there,
     // but the mma still multiplies it by V, and 0 * inf = NaN. So on such tiles (and only when the
@@ -242,83 +208,16 @@ __device__ __forceinline__ void flash_fwd(const FwdParams& p) {
     // is not finite either), then the non-finite V elements become +0 for the product. Full tiles
     // need none of this: every row sees every key, so the natural propagation is the right one.
     // A bias of -inf hides elements of any tile the same way: then every tile takes this path.
-    if (!full || has_bias) {
-      int bad = 0;
-#pragma unroll 1  // the rare path stays small: it must not crowd the main loop's code or registers
-      for (int c = tid; c < BN * D / 8; c += NT) bad |= nonfinite_chunk<T>(reinterpret_cast<const Chunk16*>(sVs)[c]);
-      if (__syncthreads_or(bad)) {
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          const int lo = imax(lo_r[r], n0), hi = imin(hi_r[r], n0 + BN);
-          unsigned long long cols = 0;  // bit 2 dt + h: this thread's column dt * 8 + tig * 2 + h
-#pragma unroll 1
-          for (int key = lo; key < hi; ++key) {
-            if (has_km && !((km_bits >> (key - n0)) & 1)) continue;  // hidden by key_mask
-            if (has_bias && row_a + 8 * r < p.seq_q &&
-                bias_load(x.bias, x.bias_dtype, bias_offset(x, b, h, row_a + 8 * r, key)) == neg_inf())
-              continue;  // a bias of -inf hides the element
-#pragma unroll 1
-            for (int c = 0; c < D / 4; ++c)
-              if (nonfinite1<T>(sVs[SwK::off(key - n0, (c >> 1) * 8 + tig * 2 + (c & 1))])) cols |= 1ull << c;
-          }
-#pragma unroll
-          for (int dt = 0; dt < D / 8; ++dt) {
-            if ((cols >> (2 * dt)) & 1) acc_o[dt][2 * r] = qnan();
-            if ((cols >> (2 * dt + 1)) & 1) acc_o[dt][2 * r + 1] = qnan();
-          }
-        }
-        __syncthreads();  // every thread has read the tile; now zero its non-finite elements
-#pragma unroll 1
-        for (int c = tid; c < BN * D / 8; c += NT) zero_nonfinite_chunk<T>(reinterpret_cast<Chunk16*>(const_cast<unsigned short*>(sVs))[c]);
-        __syncthreads();
-      }
+    if ((!full || has_bias) && tile_v_nonfinite<T, BN, D, NT>(sVs, tid)) {
+      tile_mark_nonfinite_v<T, BN, D, SwK>(acc_o, sVs, lo_r, hi_r, n0, tig, km_bits, has_km, has_bias, [&](int r, int key) {
+        return row_a + 8 * r < p.seq_q && bias_load(x.bias, x.bias_dtype, bias_offset(x, b, h, row_a + 8 * r, key)) == neg_inf();
+      });
+      tile_v_zero_nonfinite<T, BN, D, NT>(sVs, tid);
     }
 
-    // Online softmax. A row's 4 threads (same g) hold its BN values: reduce across the quad.
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      float mx = row_max[r];
-#pragma unroll
-      for (int j = 0; j < BN / 8; ++j) mx = fmaxf(mx, fmaxf(s[j][2 * r], s[j][2 * r + 1]));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      // All -inf so far: subtract 0 instead, so exp2 gives 0, never NaN.
-      const float base = mx == neg_inf() ? 0.f : mx;
-      const float alpha = ex2(row_max[r] - base);
-      row_max[r] = mx;
-      float sum = 0.f;
-#pragma unroll
-      for (int j = 0; j < BN / 8; ++j) {
-        s[j][2 * r] = ex2(s[j][2 * r] - base);
-        s[j][2 * r + 1] = ex2(s[j][2 * r + 1] - base);
-        sum += s[j][2 * r] + s[j][2 * r + 1];
-      }
-      row_sum[r] = row_sum[r] * alpha + sum;  // before dropout: the softmax is taken first
-#pragma unroll
-      for (int d = 0; d < D / 8; ++d) {
-        acc_o[d][2 * r] *= alpha;
-        acc_o[d][2 * r + 1] *= alpha;
-      }
-    }
-
+    tile_online_softmax<BN, D>(s, row_max, row_sum, acc_o);
     if (has_drop) dropout_tile<BN>(s, Dropout::load(x), b, h, row_a, n0, tig);
-
-    // O += P V. The S accumulator layout of two n8 tiles is exactly the A fragment of one k16 step.
-#pragma unroll
-    for (int kk = 0; kk < BN / 16; ++kk) {
-      unsigned a[4];
-      a[0] = T::pack2(s[2 * kk][0], s[2 * kk][1]);
-      a[1] = T::pack2(s[2 * kk][2], s[2 * kk][3]);
-      a[2] = T::pack2(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-      a[3] = T::pack2(s[2 * kk + 1][2], s[2 * kk + 1][3]);
-#pragma unroll
-      for (int dt = 0; dt < D / 16; ++dt) {
-        unsigned bf[4];
-        ldmatrix_x4_trans(bf, sVs + SwK::off(kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8, dt * 16 + (lane >> 4) * 8));
-        T::mma(acc_o[2 * dt], a, bf[0], bf[1]);
-        T::mma(acc_o[2 * dt + 1], a, bf[2], bf[3]);
-      }
-    }
+    tile_pv<T, BN, D, SwK>(acc_o, s, sVs, lane);
     __syncthreads();  // this stage is reloaded by the next iteration's prefetch
     n = n_next;
     km_bits = km_bits_next;

@@ -13,15 +13,17 @@
 // workspace, and flash_fwd_combine (one warp per (b, h, i) row) merges them:
 //   lse = log sum_s exp(lse_s),  o = sum_s exp(lse_s - lse) o_s
 // (a split that sees no key of a row has lse_s = -inf and weight 0, its o_s is not read). The main
-// loop is flash_fwd's (cp.async double buffering, mma.sync, online softmax in the exp2 domain, the
-// interval masks, key_mask tile skipping, bias/ALiBi per packed row, the non-finite-V guard); the
-// packed rows only change where a row's query, head, mask interval, bias and output live. Warps
+// loop is flash_fwd's (cp.async double buffering, key_mask tile skipping, and one tile's steps from
+// fwd_tile.cuh: mma.sync, the exp2-domain online softmax, the interval masks, the non-finite-V
+// guard), with bias and ALiBi per packed row; the packed rows only change where a row's query,
+// head, mask interval, bias and output live. Warps
 // whose 16 rows are all padding (g * Sq < kBlockM, the decode case) load tiles but skip the math.
 // Dropout is not compiled here (the launcher runs dropout calls on the non-split forward).
 #pragma once
 
 #include "common.cuh"
 #include "extras.cuh"
+#include "fwd_tile.cuh"
 
 namespace exla_rs {
 
@@ -192,29 +194,8 @@ __device__ __forceinline__ void flash_fwd_split(const SplitParams& sp) {
     for (int i = 0; i < BN / 8; ++i) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
     if (active) {
       // S = Q K^T for this warp's 16 packed rows.
-#pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk) {
-        unsigned a[4];
-        ldmatrix_x4(a, sQ + SwQ::off(warp * 16 + (lane & 15), kk * 16 + (lane >> 4) * 8));
-#pragma unroll
-        for (int nt = 0; nt < BN / 16; ++nt) {
-          unsigned bf[4];
-          ldmatrix_x4(bf, sKs + SwK::off(nt * 16 + (lane & 7) + (lane >> 4) * 8, kk * 16 + ((lane >> 3) & 1) * 8));
-          T::mma(s[2 * nt], a, bf[0], bf[1]);
-          T::mma(s[2 * nt + 1], a, bf[2], bf[3]);
-        }
-      }
-      if (p.softcap > 0.f) {
-#pragma unroll
-        for (int j = 0; j < BN / 8; ++j)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) s[j][e] = score(s[j][e], p.scale, p.softcap, p.softcap_inv) * kLog2e;
-      } else {
-#pragma unroll
-        for (int j = 0; j < BN / 8; ++j)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) s[j][e] *= scale_log2;
-      }
+      tile_qk<T, BN, D, SwQ, SwK>(s, sQ, sKs, warp, lane);
+      tile_scores_log2<BN>(s, p, scale_log2);
       if (has_bias) {
         if (x.bias_dtype == 0)
           add_bias_rows<BN, BiasF32>(s, x, b, h_r, i_r, ok_r, n0, tig, mask.kv_end);
@@ -233,97 +214,21 @@ __device__ __forceinline__ void flash_fwd_split(const SplitParams& sp) {
             for (int hh = 0; hh < 2; ++hh) s[j][2 * r + hh] += slope_l2[r] * alibi_dist(rel - (j * 8 + hh));
         }
       }
-      if (!full) {
-        const unsigned long long km_mine = km_bits >> (tig * 2);
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          auto vis = bit_range<BN>(lo_r[r] - n0 - tig * 2, hi_r[r] - n0 - tig * 2);
-          if (has_km) vis &= static_cast<decltype(vis)>(km_mine);
-#pragma unroll
-          for (int j = 0; j < BN / 8; ++j)
-#pragma unroll
-            for (int hh = 0; hh < 2; ++hh)
-              if (!((vis >> (j * 8 + hh)) & 1)) s[j][2 * r + hh] = neg_inf();
-        }
-      }
+      if (!full) tile_hide_invisible<BN>(s, lo_r, hi_r, n0, tig, km_bits, has_km);
     }
 
     // Non-finite V on a tile some rows must not see (flash_fwd.cuh explains): every thread votes.
-    if (!full || has_bias) {
-      int bad = 0;
-#pragma unroll 1
-      for (int c = tid; c < BN * D / 8; c += NT) bad |= nonfinite_chunk<T>(reinterpret_cast<const Chunk16*>(sVs)[c]);
-      if (__syncthreads_or(bad)) {
-        if (active) {
-#pragma unroll
-          for (int r = 0; r < 2; ++r) {
-            const int lo = imax(lo_r[r], n0), hi = imin(hi_r[r], n0 + BN);
-            unsigned long long cols = 0;
-#pragma unroll 1
-            for (int key = lo; key < hi; ++key) {
-              if (has_km && !((km_bits >> (key - n0)) & 1)) continue;
-              if (has_bias && ok_r[r] && bias_load(x.bias, x.bias_dtype, bias_offset(x, b, h_r[r], i_r[r], key)) == neg_inf())
-                continue;
-#pragma unroll 1
-              for (int c = 0; c < D / 4; ++c)
-                if (nonfinite1<T>(sVs[SwK::off(key - n0, (c >> 1) * 8 + tig * 2 + (c & 1))])) cols |= 1ull << c;
-            }
-#pragma unroll
-            for (int dt = 0; dt < D / 8; ++dt) {
-              if ((cols >> (2 * dt)) & 1) acc_o[dt][2 * r] = qnan();
-              if ((cols >> (2 * dt + 1)) & 1) acc_o[dt][2 * r + 1] = qnan();
-            }
-          }
-        }
-        __syncthreads();
-#pragma unroll 1
-        for (int c = tid; c < BN * D / 8; c += NT)
-          zero_nonfinite_chunk<T>(reinterpret_cast<Chunk16*>(const_cast<unsigned short*>(sVs))[c]);
-        __syncthreads();
-      }
+    if ((!full || has_bias) && tile_v_nonfinite<T, BN, D, NT>(sVs, tid)) {
+      if (active)
+        tile_mark_nonfinite_v<T, BN, D, SwK>(acc_o, sVs, lo_r, hi_r, n0, tig, km_bits, has_km, has_bias, [&](int r, int key) {
+          return ok_r[r] && bias_load(x.bias, x.bias_dtype, bias_offset(x, b, h_r[r], i_r[r], key)) == neg_inf();
+        });
+      tile_v_zero_nonfinite<T, BN, D, NT>(sVs, tid);
     }
 
     if (active) {
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        float mx = row_max[r];
-#pragma unroll
-        for (int j = 0; j < BN / 8; ++j) mx = fmaxf(mx, fmaxf(s[j][2 * r], s[j][2 * r + 1]));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        const float base = mx == neg_inf() ? 0.f : mx;
-        const float alpha = ex2(row_max[r] - base);
-        row_max[r] = mx;
-        float sum = 0.f;
-#pragma unroll
-        for (int j = 0; j < BN / 8; ++j) {
-          s[j][2 * r] = ex2(s[j][2 * r] - base);
-          s[j][2 * r + 1] = ex2(s[j][2 * r + 1] - base);
-          sum += s[j][2 * r] + s[j][2 * r + 1];
-        }
-        row_sum[r] = row_sum[r] * alpha + sum;
-#pragma unroll
-        for (int d = 0; d < D / 8; ++d) {
-          acc_o[d][2 * r] *= alpha;
-          acc_o[d][2 * r + 1] *= alpha;
-        }
-      }
-      // O += P V.
-#pragma unroll
-      for (int kk = 0; kk < BN / 16; ++kk) {
-        unsigned a[4];
-        a[0] = T::pack2(s[2 * kk][0], s[2 * kk][1]);
-        a[1] = T::pack2(s[2 * kk][2], s[2 * kk][3]);
-        a[2] = T::pack2(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-        a[3] = T::pack2(s[2 * kk + 1][2], s[2 * kk + 1][3]);
-#pragma unroll
-        for (int dt = 0; dt < D / 16; ++dt) {
-          unsigned bf[4];
-          ldmatrix_x4_trans(bf, sVs + SwK::off(kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8, dt * 16 + (lane >> 4) * 8));
-          T::mma(acc_o[2 * dt], a, bf[0], bf[1]);
-          T::mma(acc_o[2 * dt + 1], a, bf[2], bf[3]);
-        }
-      }
+      tile_online_softmax<BN, D>(s, row_max, row_sum, acc_o);
+      tile_pv<T, BN, D, SwK>(acc_o, s, sVs, lane);
     }
     __syncthreads();  // this stage is reloaded by the next iteration's prefetch
     n = n_next;

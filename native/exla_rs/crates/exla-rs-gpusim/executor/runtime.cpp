@@ -212,6 +212,37 @@ Launch* g = nullptr;  // the launch in progress (one at a time: g_mutex)
 // (start_sync / end_sync), and within a launch block n still runs on set n mod tsan_sets.
 std::vector<void*> g_tsan_pool;  // g_mutex
 #endif
+// A ThreadSanitizer context of its own for work that a unit other than the executing thread does
+// (the copy engine, the tensor cores): made and entered on construction, left and destroyed by
+// leave() or at the end of the scope. It is ordered only by what the caller adds (acquire the
+// issue's token, release the completion); while it is current, the core's accesses are not
+// ignored (g_in_engine: the unit's own reads and writes are what the sanitizer must see).
+class EngineContext {
+ public:
+  EngineContext() : prev_(tsan_current()), ctx_(tsan_context_create()), was_engine_(g_in_engine) {
+    if (ctx_) {
+      tsan_context_switch(ctx_);
+      g_in_engine = true;
+    }
+  }
+  ~EngineContext() { leave(); }
+  EngineContext(const EngineContext&) = delete;
+  EngineContext& operator=(const EngineContext&) = delete;
+  // Back to the thread that entered it, before anything that reports in that thread's name.
+  void leave() {
+    if (!ctx_) return;
+    g_in_engine = was_engine_;
+    tsan_context_switch(prev_);
+    tsan_context_destroy(ctx_);
+    ctx_ = nullptr;
+  }
+
+ private:
+  void* prev_;
+  void* ctx_;
+  bool was_engine_;
+};
+
 // A warpgroup collective's ThreadSanitizer token while its function runs (wgmma_enqueue takes it).
 void* g_current_token = nullptr;
 std::mutex g_mutex;
@@ -445,15 +476,9 @@ size_t deliver_copies(uint32_t bar) {
     }
     AsyncCopy c = std::move(g->copies[i]);
     g->copies.erase(g->copies.begin() + (long)i);
-    // The engine: a ThreadSanitizer context that happens after the issue and before the phase
-    // completion the bytes count towards.
-    void* prev = tsan_current();
-    void* eng = tsan_context_create();
-    const bool was_engine = g_in_engine;
-    if (eng) {
-      tsan_context_switch(eng);
-      g_in_engine = true;
-    }
+    // The engine: a context that happens after the issue and before the phase completion the
+    // bytes count towards.
+    EngineContext engine;
     tsan_acquire(c.token.get());
     // The byte count comes from the issue, not back from the engine: a count written through a
     // pointer from two engine contexts in one call would itself look like a race.
@@ -465,11 +490,7 @@ size_t deliver_copies(uint32_t bar) {
       Mbar& mb = it->second;
       tsan_release(&mb.sync[mb.phase & 3]);
     }
-    if (eng) {
-      g_in_engine = was_engine;
-      tsan_context_switch(prev);
-      tsan_context_destroy(eng);
-    }
+    engine.leave();
     if (err) fail("TMA copy issued by thread %u completing on the mbarrier at 0x%x: %s", c.tid, c.bar, err);
     Mbar& mb = it->second;
     mb.tx -= bytes;
@@ -924,13 +945,7 @@ void wgmma_wait(unsigned pending) {
   // The tensor cores retire the oldest groups in one ThreadSanitizer context: a warpgroup's
   // wgmma operations on one accumulator are ordered by the hardware (each op of a group reads
   // the accumulators the previous one wrote), and each op happens after its issue (its token).
-  void* prev = tsan_current();
-  void* eng = tsan_context_create();
-  const bool was_engine = g_in_engine;
-  if (eng) {
-    tsan_context_switch(eng);
-    g_in_engine = true;
-  }
+  EngineContext tensor_cores;
   const char* err = nullptr;
   while (a.groups.size() > pending && !err) {
     std::vector<AsyncMath> grp = std::move(a.groups.front());
@@ -943,11 +958,7 @@ void wgmma_wait(unsigned pending) {
     }
   }
   tsan_release(&a.done_sync);
-  if (eng) {
-    g_in_engine = was_engine;
-    tsan_context_switch(prev);
-    tsan_context_destroy(eng);
-  }
+  tensor_cores.leave();
   if (err) fail("wgmma: %s", err);
 }
 
