@@ -1,10 +1,13 @@
 // f32 attention on CUDA cores: correct to f32 precision rather than fast (tensor cores would
-// round f32 inputs to tf32). One warp per row; lane l holds elements l, l + 32, ... of the head dim,
-// so every global access is a coalesced row read and dot products end in one warp reduction.
+// round f32 inputs to tf32). One warp per row (a query row in the forward and dQ, a key in dK/dV),
+// 32 keys (or rows) at a time: lane jj takes key j0 + jj whole, its score, mask bit, bias/ALiBi
+// term, keep scale and P, dP, dS, so a dot product is one lane's own loop over the head dim (the
+// warp's row sits in shared memory, read as a broadcast) and the warp meets only for the
+// running max and sum of each 32 keys. The accumulations over keys (o += p v, dq += ds k, dv, dk)
+// then go lane-per-column: lane l holds elements l, l + 32, ... of the head dim, every global
+// access is a coalesced row read, and each key's weight comes from shared memory.
 // Visible keys (or, in dK/dV, visible queries) are one interval per row: only those are visited.
-// The contract's optional operands (key mask, bias, ALiBi, dropout) use kernels/extras.cuh's
-// helpers; work that is per (row, key) but not per head-dim element (mask bit, bias, ALiBi term,
-// Philox draw) is done lane-parallel for 32 keys (or rows) at a time and handed around by shuffle.
+// The contract's optional operands (key mask, bias, ALiBi, dropout) use kernels/extras.cuh's helpers.
 #pragma once
 
 #include "common.cuh"
@@ -12,22 +15,53 @@
 
 namespace exla_rs {
 
+// kWarps rows per block; each warp's shared memory holds two head-dim rows in f32 (q and dO, or
+// k and v) and two 32-entry weight vectors (p, or dS and P M): (2 D + 64) floats. Mirrored in
+// crates/exla-rs-cuda/src/config.rs (simt_smem_bytes): change both.
 struct SimtTraits {
   static constexpr int kWarps = 4;  // rows per block
   static constexpr int kThreads = 32 * kWarps;
+  static constexpr int smem_bytes(int d) { return kWarps * (2 * d + 64) * 4; }
 };
 
+// One warp's slice of the block's shared memory: rows a and b (D floats each), weights wa and wb
+// (32 floats each).
+template <int D>
+struct SimtSmem {
+  float* a;
+  float* b;
+  float* wa;
+  float* wb;
+  EXLA_RS_DEVICE static SimtSmem of_warp(unsigned char* raw, int warp) {
+    float* base = reinterpret_cast<float*>(raw) + warp * (2 * D + 64);
+    return SimtSmem{base, base + D, base + 2 * D, base + 2 * D + 32};
+  }
+};
+
+// The warp's row src into shared memory (dst, D floats), coalesced; the caller syncs the warp.
 template <class T, int D>
-EXLA_RS_DEVICE void load_row(float (&r)[D / 32], const typename T::Storage* src, int lane) {
+EXLA_RS_DEVICE void stage_row(float* dst, const typename T::Storage* src, int lane) {
 #pragma unroll
-  for (int e = 0; e < D / 32; ++e) r[e] = T::to_float(src[lane + 32 * e]);
+  for (int e = 0; e < D / 32; ++e) dst[lane + 32 * e] = T::to_float(src[lane + 32 * e]);
 }
+// One lane's whole dot product: the shared row a (every lane reads the same address: a
+// broadcast) with the global row src, in 16-byte loads (rows start at multiples of D elements
+// of 16-byte aligned buffers, and D % 32 == 0). Four partial sums hide the FMA latency.
 template <class T, int D>
-EXLA_RS_DEVICE float dot_row(const float (&a)[D / 32], const typename T::Storage* src, int lane) {
-  float s = 0.f;
-#pragma unroll
-  for (int e = 0; e < D / 32; ++e) s += a[e] * T::to_float(src[lane + 32 * e]);
-  return warp_sum(s);
+EXLA_RS_DEVICE float dot_lane(const float* a, const typename T::Storage* src) {
+  static_assert(sizeof(typename T::Storage) == 4, "the SIMT kernels run f32");
+  const Chunk16* s4 = reinterpret_cast<const Chunk16*>(src);
+  const Chunk16* a4 = reinterpret_cast<const Chunk16*>(a);
+  float acc[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll 4
+  for (int c = 0; c < D / 4; ++c) {
+    const Chunk16 x = s4[c], y = a4[c];
+    acc[0] += __uint_as_float(y.x) * __uint_as_float(x.x);
+    acc[1] += __uint_as_float(y.y) * __uint_as_float(x.y);
+    acc[2] += __uint_as_float(y.z) * __uint_as_float(x.z);
+    acc[3] += __uint_as_float(y.w) * __uint_as_float(x.w);
+  }
+  return (acc[0] + acc[1]) + (acc[2] + acc[3]);
 }
 
 // M * s of entry (b, h, i, j). Each lane holds its own (row, key), so each computes its own x call
@@ -87,9 +121,11 @@ template <class T, int D>
 __device__ __forceinline__ void simt_fwd(const FwdParams& p) {
   using S = typename T::Storage;
   constexpr int E = D / 32;
-  const int lane = threadIdx.x & 31;
-  const int i = blockIdx.x * SimtTraits::kWarps + (threadIdx.x >> 5), h = blockIdx.y, b = blockIdx.z;
-  if (i >= p.seq_q) return;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int i = blockIdx.x * SimtTraits::kWarps + warp, h = blockIdx.y, b = blockIdx.z;
+  if (i >= p.seq_q) return;  // whole warps: the warp collectives below see all 32 lanes
+  EXLA_RS_DYNAMIC_SMEM(smem_raw, 16);
+  const SimtSmem<D> sm = SimtSmem<D>::of_warp(smem_raw, warp);  // a: q; wa: the 32 keys' weights
   const int hk = h / (p.heads / p.kv_heads);
   const Mask mask = Mask::make(p.seq_q, p.seq_k, p.kv_len[b], p.q_start[b], p.window_left, p.window_right);
   const SimtRow row = SimtRow::make(p.x, b, h, i, p.seq_k, p.q_start[b]);
@@ -98,8 +134,9 @@ __device__ __forceinline__ void simt_fwd(const FwdParams& p) {
   const S* K = static_cast<const S*>(p.k) + ((long long)b * p.seq_k * p.kv_heads + hk) * D;
   const S* V = static_cast<const S*>(p.v) + ((long long)b * p.seq_k * p.kv_heads + hk) * D;
 
-  float q[E], o[E];
-  load_row<T, D>(q, static_cast<const S*>(p.q) + q_row * D, lane);
+  stage_row<T, D>(sm.a, static_cast<const S*>(p.q) + q_row * D, lane);
+  __syncwarp();
+  float o[E];
 #pragma unroll
   for (int e = 0; e < E; ++e) o[e] = 0.f;
   float m = neg_inf(), l = 0.f;  // running max of z (log2 domain) and sum
@@ -108,13 +145,10 @@ __device__ __forceinline__ void simt_fwd(const FwdParams& p) {
   for (int j0 = lo; j0 < hi; j0 += 32) {
     const int j = j0 + lane;
     const bool vis = j < hi && row.visible(p.x, j);
-    float mine = neg_inf();  // lane jj keeps z of key j0 + jj (log2 domain), -inf when hidden
-    for (unsigned left = __ballot_sync(0xffffffffu, vis); left; left &= left - 1) {
-      const int jj = __ffs(left) - 1;
-      const float s = score(dot_row<T, D>(q, K + (long long)(j0 + jj) * kv_stride, lane), p.scale, p.softcap, p.softcap_inv);
-      if (lane == jj) mine = s;
-    }
-    if (vis) mine = (mine + row.add(p.x, j)) * kLog2e;
+    // z of this lane's key (log2 domain), -inf when hidden; its K row is read only when visible.
+    const float mine = vis ? (score(dot_lane<T, D>(sm.a, K + (long long)j * kv_stride), p.scale, p.softcap, p.softcap_inv) +
+                              row.add(p.x, j)) * kLog2e
+                           : neg_inf();
     const float m_new = fmaxf(m, warp_max(mine));
     // -inf only while every key so far was hidden (by the mask or a -inf bias): then 0 stands in,
     // so no -inf - -inf NaN; l and o are still 0.
@@ -125,15 +159,18 @@ __device__ __forceinline__ void simt_fwd(const FwdParams& p) {
     m = m_new;
     // Dropout scales o only: the softmax (l, lse) is taken before it.
     const float pd = pr == 0.f ? 0.f : pr * row.keep_scale(j);
+    sm.wa[lane] = pd;
+    __syncwarp();  // the weights are visible to every lane
 #pragma unroll
     for (int e = 0; e < E; ++e) o[e] *= alpha;
     for (unsigned left = __ballot_sync(0xffffffffu, pd != 0.f); left; left &= left - 1) {
       const int jj = __ffs(left) - 1;
-      const float pj = __shfl_sync(0xffffffffu, pd, jj);
+      const float pj = sm.wa[jj];
       const S* vr = V + (long long)(j0 + jj) * kv_stride;
 #pragma unroll
       for (int e = 0; e < E; ++e) o[e] += pj * T::to_float(vr[lane + 32 * e]);
     }
+    __syncwarp();  // every lane has read wa before the next keys overwrite it
   }
   const float inv = l > 0.f ? 1.f / l : 0.f;
   S* out = static_cast<S*>(p.o) + q_row * D;
@@ -149,9 +186,11 @@ template <class T, int D>
 __device__ __forceinline__ void simt_bwd_dq(const BwdParams& p) {
   using S = typename T::Storage;
   constexpr int E = D / 32;
-  const int lane = threadIdx.x & 31;
-  const int i = blockIdx.x * SimtTraits::kWarps + (threadIdx.x >> 5), h = blockIdx.y, b = blockIdx.z;
-  if (i >= p.seq_q) return;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int i = blockIdx.x * SimtTraits::kWarps + warp, h = blockIdx.y, b = blockIdx.z;
+  if (i >= p.seq_q) return;  // whole warps
+  EXLA_RS_DYNAMIC_SMEM(smem_raw, 16);
+  const SimtSmem<D> sm = SimtSmem<D>::of_warp(smem_raw, warp);  // a: q, b: dO; wa: the keys' dS
   const int hk = h / (p.heads / p.kv_heads);
   const Mask mask = Mask::make(p.seq_q, p.seq_k, p.kv_len[b], p.q_start[b], p.window_left, p.window_right);
   const SimtRow row = SimtRow::make(p.x, b, h, i, p.seq_k, p.q_start[b]);
@@ -161,9 +200,10 @@ __device__ __forceinline__ void simt_bwd_dq(const BwdParams& p) {
   const S* K = static_cast<const S*>(p.k) + ((long long)b * p.seq_k * p.kv_heads + hk) * D;
   const S* V = static_cast<const S*>(p.v) + ((long long)b * p.seq_k * p.kv_heads + hk) * D;
 
-  float q[E], dout[E], dq[E];
-  load_row<T, D>(q, static_cast<const S*>(p.q) + q_row * D, lane);
-  load_row<T, D>(dout, static_cast<const S*>(p.d_o) + q_row * D, lane);
+  stage_row<T, D>(sm.a, static_cast<const S*>(p.q) + q_row * D, lane);
+  stage_row<T, D>(sm.b, static_cast<const S*>(p.d_o) + q_row * D, lane);
+  __syncwarp();
+  float dq[E];
 #pragma unroll
   for (int e = 0; e < E; ++e) dq[e] = 0.f;
   const float lse2 = p.lse[lrow] * kLog2e, delta = p.delta[lrow];
@@ -171,26 +211,34 @@ __device__ __forceinline__ void simt_bwd_dq(const BwdParams& p) {
   mask.row_keys(i, lo, hi);
   if (lse2 == neg_inf()) hi = lo;  // a row that saw nothing contributes nothing
   for (int j0 = lo; j0 < hi; j0 += 32) {
-    // Lane jj: key j0 + jj's mask bit, bias/ALiBi term and keep scale.
-    const int jl = j0 + lane;
-    const bool vis = jl < hi && row.visible(p.x, jl);
-    const float add = vis ? row.add(p.x, jl) : 0.f;
-    const float ks = vis ? row.keep_scale(jl) : 0.f;
-    for (unsigned left = __ballot_sync(0xffffffffu, vis); left; left &= left - 1) {
-      const int jj = __ffs(left) - 1, j = j0 + jj;
+    // Lane jj: key j0 + jj's P, dP, dZ (and its dbias entry) and dS.
+    const int j = j0 + lane;
+    float ds = 0.f;
+    bool used = false;
+    if (j < hi && row.visible(p.x, j)) {
       const S* kr = K + (long long)j * kv_stride;
-      const float s = score(dot_row<T, D>(q, kr, lane), p.scale, p.softcap, p.softcap_inv);
-      const float pr = ex2((s + __shfl_sync(0xffffffffu, add, jj)) * kLog2e - lse2);
-      // P = 0 (a -inf bias, or underflow) contributes exactly 0: skip, so an inf/NaN V there
-      // cannot turn 0 into NaN. The warp sums are lane-identical, so the branch is uniform.
-      if (pr == 0.f) continue;
-      const float dp = dot_row<T, D>(dout, V + (long long)j * kv_stride, lane);
-      const float dz = pr * (__shfl_sync(0xffffffffu, ks, jj) * dp - delta);
-      if (p.dbias_accum && lane == jj) red_add_f32(p.dbias_accum + row.bias_row + (long long)j * p.x.bias_stride_k, dz);
-      const float ds = dz * softcap_grad(s, p.softcap, p.softcap_inv);
-#pragma unroll
-      for (int e = 0; e < E; ++e) dq[e] += ds * T::to_float(kr[lane + 32 * e]);
+      const float s = score(dot_lane<T, D>(sm.a, kr), p.scale, p.softcap, p.softcap_inv);
+      const float pr = ex2((s + row.add(p.x, j)) * kLog2e - lse2);
+      // P = 0 (a -inf bias, or underflow) contributes exactly 0: skipped, so an inf/NaN V there
+      // cannot turn 0 into NaN.
+      if (pr != 0.f) {
+        const float dp = dot_lane<T, D>(sm.b, V + (long long)j * kv_stride);
+        const float dz = pr * (row.keep_scale(j) * dp - delta);
+        if (p.dbias_accum) red_add_f32(p.dbias_accum + row.bias_row + (long long)j * p.x.bias_stride_k, dz);
+        ds = dz * softcap_grad(s, p.softcap, p.softcap_inv);
+        used = true;
+      }
     }
+    sm.wa[lane] = ds;
+    __syncwarp();  // the weights are visible to every lane
+    for (unsigned left = __ballot_sync(0xffffffffu, used); left; left &= left - 1) {
+      const int jj = __ffs(left) - 1;
+      const float dsj = sm.wa[jj];
+      const S* kr = K + (long long)(j0 + jj) * kv_stride;
+#pragma unroll
+      for (int e = 0; e < E; ++e) dq[e] += dsj * T::to_float(kr[lane + 32 * e]);
+    }
+    __syncwarp();  // wa is read before the next keys overwrite it
   }
   S* out = static_cast<S*>(p.dq) + q_row * D;
 #pragma unroll
@@ -199,20 +247,23 @@ __device__ __forceinline__ void simt_bwd_dq(const BwdParams& p) {
 
 // Backward dK, dV: grid (ceil(Sk / 4), Hkv, B). A warp owns one key of one kv head and sums over
 // every query head of its group and every query that sees the key: no atomics, deterministic.
-// Rows go 32 at a time: lane ii owns row i0 + ii's lse, delta, bias/ALiBi term and keep scale.
+// Rows go 32 at a time: lane ii owns row i0 + ii's lse, delta, bias/ALiBi term, keep scale, and
+// its P, dP and dS.
 template <class T, int D>
 __device__ __forceinline__ void simt_bwd_dkdv(const BwdParams& p) {
   using S = typename T::Storage;
   constexpr int E = D / 32;
-  const int lane = threadIdx.x & 31;
-  const int j = blockIdx.x * SimtTraits::kWarps + (threadIdx.x >> 5), hk = blockIdx.y, b = blockIdx.z;
-  if (j >= p.seq_k) return;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int j = blockIdx.x * SimtTraits::kWarps + warp, hk = blockIdx.y, b = blockIdx.z;
+  if (j >= p.seq_k) return;  // whole warps
+  EXLA_RS_DYNAMIC_SMEM(smem_raw, 16);
+  const SimtSmem<D> sm = SimtSmem<D>::of_warp(smem_raw, warp);  // a: k, b: v; wa: P M s, wb: dS
   const int group = p.heads / p.kv_heads;
   const Mask mask = Mask::make(p.seq_q, p.seq_k, p.kv_len[b], p.q_start[b], p.window_left, p.window_right);
   const long long k_row = ((long long)b * p.seq_k + j) * p.kv_heads + hk;
   const long long q_start = p.q_start[b];
 
-  float k[E], v[E], dk[E], dv[E];
+  float dk[E], dv[E];
 #pragma unroll
   for (int e = 0; e < E; ++e) dk[e] = dv[e] = 0.f;
   int lo, hi;
@@ -220,44 +271,52 @@ __device__ __forceinline__ void simt_bwd_dkdv(const BwdParams& p) {
   // A key the key mask hides is seen by no row: zero gradients, K/V never read.
   if (p.x.key_mask && !key_mask_visible(p.x.key_mask, p.x.key_mask_bytes, (long long)b * p.seq_k + j)) hi = lo;
   if (lo < hi) {
-    load_row<T, D>(k, static_cast<const S*>(p.k) + k_row * D, lane);
-    load_row<T, D>(v, static_cast<const S*>(p.v) + k_row * D, lane);
+    stage_row<T, D>(sm.a, static_cast<const S*>(p.k) + k_row * D, lane);
+    stage_row<T, D>(sm.b, static_cast<const S*>(p.v) + k_row * D, lane);
+    __syncwarp();
   }
   for (int hh = 0; hh < group && lo < hi; ++hh) {
     const int h = hk * group + hh;
     const float slope = p.x.alibi_slopes ? p.x.alibi_slopes[h] : 0.f;
     for (int i0 = lo; i0 < hi; i0 += 32) {
-      const int il = i0 + lane;
-      const long long lrow = ((long long)b * p.heads + h) * p.seq_q + il;
-      // Lane ii's row: lse (log2), delta, beta + alpha, keep scale; live = in range, saw a key.
-      float lse2 = neg_inf(), delta = 0.f, add = 0.f, ks = 1.f;
-      if (il < hi) {
-        lse2 = p.lse[lrow] * kLog2e;
-        delta = p.delta[lrow];
-      }
-      const bool live = lse2 != neg_inf();
-      if (live) {
-        if (p.x.bias) add = bias_load(p.x.bias, p.x.bias_dtype, bias_offset(p.x, b, h, il, j));
-        if (p.x.alibi_slopes) add += alibi_term(slope, q_start + il, j);
-        if (p.x.dropout_key) ks = simt_keep_scale(Dropout::load(p.x), b, h, il, j);
-      }
-      for (unsigned left = __ballot_sync(0xffffffffu, live); left; left &= left - 1) {
-        const int ii = __ffs(left) - 1, i = i0 + ii;
-        const long long q_row = ((long long)b * p.seq_q + i) * p.heads + h;
-        const S* qr = static_cast<const S*>(p.q) + q_row * D;
-        const S* dor = static_cast<const S*>(p.d_o) + q_row * D;
-        const float s = score(dot_row<T, D>(k, qr, lane), p.scale, p.softcap, p.softcap_inv);
-        const float pr = ex2((s + __shfl_sync(0xffffffffu, add, ii)) * kLog2e - __shfl_sync(0xffffffffu, lse2, ii));
-        if (pr == 0.f) continue;  // as in dQ: exactly 0, and a NaN-free skip (uniform)
-        const float dp = dot_row<T, D>(v, dor, lane);
-        const float pk = pr * __shfl_sync(0xffffffffu, ks, ii);  // P * M * s
-        const float ds = (pk * dp - pr * __shfl_sync(0xffffffffu, delta, ii)) * softcap_grad(s, p.softcap, p.softcap_inv);
-#pragma unroll
-        for (int e = 0; e < E; ++e) {
-          dv[e] += pk * T::to_float(dor[lane + 32 * e]);
-          dk[e] += ds * T::to_float(qr[lane + 32 * e]);
+      const int i = i0 + lane;
+      // Lane ii's row: P M s (pk) and dS; used = in range, saw a key, P != 0.
+      float pk = 0.f, ds = 0.f;
+      bool used = false;
+      if (i < hi) {
+        const long long lrow = ((long long)b * p.heads + h) * p.seq_q + i;
+        const float lse2 = p.lse[lrow] * kLog2e;
+        if (lse2 != neg_inf()) {  // a row that saw no key contributes nothing (its Q/dO unread)
+          const long long q_row = ((long long)b * p.seq_q + i) * p.heads + h;
+          float add = 0.f;
+          if (p.x.bias) add = bias_load(p.x.bias, p.x.bias_dtype, bias_offset(p.x, b, h, i, j));
+          if (p.x.alibi_slopes) add += alibi_term(slope, q_start + i, j);
+          const float s = score(dot_lane<T, D>(sm.a, static_cast<const S*>(p.q) + q_row * D), p.scale, p.softcap, p.softcap_inv);
+          const float pr = ex2((s + add) * kLog2e - lse2);
+          if (pr != 0.f) {  // as in dQ: exactly 0, and a NaN-free skip
+            const float dp = dot_lane<T, D>(sm.b, static_cast<const S*>(p.d_o) + q_row * D);
+            pk = pr * (p.x.dropout_key ? simt_keep_scale(Dropout::load(p.x), b, h, i, j) : 1.f);  // P * M * s
+            ds = (pk * dp - pr * p.delta[lrow]) * softcap_grad(s, p.softcap, p.softcap_inv);
+            used = true;
+          }
         }
       }
+      sm.wa[lane] = pk;
+      sm.wb[lane] = ds;
+      __syncwarp();  // the weights are visible to every lane
+      for (unsigned left = __ballot_sync(0xffffffffu, used); left; left &= left - 1) {
+        const int ii = __ffs(left) - 1;
+        const long long q_row = ((long long)b * p.seq_q + i0 + ii) * p.heads + h;
+        const S* qr = static_cast<const S*>(p.q) + q_row * D;
+        const S* dor = static_cast<const S*>(p.d_o) + q_row * D;
+        const float pki = sm.wa[ii], dsi = sm.wb[ii];
+#pragma unroll
+        for (int e = 0; e < E; ++e) {
+          dv[e] += pki * T::to_float(dor[lane + 32 * e]);
+          dk[e] += dsi * T::to_float(qr[lane + 32 * e]);
+        }
+      }
+      __syncwarp();  // wa, wb are read before the next rows overwrite them
     }
   }
   S* gdk = static_cast<S*>(p.dk) + k_row * D;

@@ -245,6 +245,12 @@ pub fn bwd_smem_bytes(d: usize) -> usize {
 
 /// Rows per block of the f32 (SIMT) kernels and the backward preprocess: one warp per row.
 const SIMT_WARPS: usize = 4;
+
+/// Dynamic shared memory of the f32 (SIMT) kernels (`SimtTraits::smem_bytes` in kernels/simt.cuh):
+/// per warp two head-dim rows and two 32-entry weight vectors, in f32.
+pub fn simt_smem_bytes(d: usize) -> usize {
+    SIMT_WARPS * (2 * d + 64) * 4
+}
 const AUX_WARPS: usize = 8;
 
 /// The forward's single launch; `f` picks the tensor-core instantiation (f32 has one kernel).
@@ -257,7 +263,7 @@ pub fn forward_plan(dtype: ElementType, s: &AttnShape, f: FeatureSet) -> Launch 
             kernel: name(&["exla_rs_fwd_f32_d", &ds]),
             grid: (div_up(s.seq_q, SIMT_WARPS), s.heads as u32, s.batch as u32),
             block: (32 * SIMT_WARPS) as u32,
-            smem: 0,
+            smem: simt_smem_bytes(d) as u32,
         },
         _ => {
             let (warps, bm, _) = fwd_tc_traits(d);
@@ -328,14 +334,14 @@ fn backward_main(dtype: ElementType, s: &AttnShape, f: FeatureSet) -> Vec<Launch
                 kernel: name(&["exla_rs_bwd_dq_f32_d", &ds]),
                 grid: (div_up(s.seq_q, SIMT_WARPS), s.heads as u32, s.batch as u32),
                 block: (32 * SIMT_WARPS) as u32,
-                smem: 0,
+                smem: simt_smem_bytes(d) as u32,
             },
             Launch {
                 file: name(&["f32_d", &ds]),
                 kernel: name(&["exla_rs_bwd_dkdv_f32_d", &ds]),
                 grid: (div_up(s.seq_k, SIMT_WARPS), s.kv_heads as u32, s.batch as u32),
                 block: (32 * SIMT_WARPS) as u32,
-                smem: 0,
+                smem: simt_smem_bytes(d) as u32,
             },
         ],
         _ => {
@@ -497,5 +503,11 @@ mod tests {
         assert!(bwd.contains("(2 * kBlockN * D + 2 * kBlockM * D + kBlockN * kBlockM) * 2 + 2 * kBlockM * 4 + kBlockN * 4;"));
         let simt = include_str!("../../../kernels/simt.cuh");
         assert!(simt.contains(&format!("kWarps = {SIMT_WARPS};")));
+        assert!(simt.contains("smem_bytes(int d) { return kWarps * (2 * d + 64) * 4; }"));
+        let s = AttnShape { batch: 1, seq_q: 9, seq_k: 9, heads: 1, kv_heads: 1, head_dim: 256 };
+        assert_eq!(forward_plan(ElementType::F32, &s, FeatureSet::PLAIN).smem, 9216);
+        for l in backward_plan(ElementType::F32, &s, FeatureSet::PLAIN, None).iter().filter(|l| l.file.starts_with("f32")) {
+            assert_eq!(l.smem, 9216, "{}", l.kernel);
+        }
     }
 }
