@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Global-memory traffic of decode calls, counted by the GPU-on-CPU executor (issue 34, part 3): a
 decode call should read each K/V byte once (the split-KV kernels hold every query head of a GQA
-group in one CTA), where the non-split forward reads it once per query head.
+group in one CTA; f32's simt_fwd_split up to 8 packed rows per one-warp CTA, so once per 8 query
+rows x heads of a group), where the non-split forward reads it once per query head.
 
 Runs the CUDA handlers on the executor's statistics build (scripts/gpu_on_cpu.sh stats builds it:
 every kernel load and store is instrumented there, cp.async and TMA sources and atomics are
@@ -44,10 +45,13 @@ SHAPES = [
 ]
 
 
-def run(shape, settings):
+DTYPES = {"bf16": jnp.bfloat16, "f32": np.float32}
+
+
+def run(shape, dtype, settings):
     name, b, sq, sk, h, hkv, d, kv = shape
     rng = np.random.default_rng(0)
-    q, k, v = (rng.standard_normal(s).astype(np.float32).astype(jnp.bfloat16) for s in ((b, sq, h, d), (b, sk, hkv, d), (b, sk, hkv, d)))
+    q, k, v = (rng.standard_normal(s).astype(np.float32).astype(DTYPES[dtype]) for s in ((b, sq, h, d), (b, sk, hkv, d), (b, sk, hkv, d)))
     kv_len = np.array(kv if kv else [sk] * b, np.int32)
     q_start = kv_len - sq
     dev = jax.devices("cpu")[0]
@@ -65,7 +69,7 @@ def run(shape, settings):
                 os.environ.pop(n, None)
             else:
                 os.environ[n] = x
-    kv_bytes = 2 * int(kv_len.sum()) * hkv * d * 2  # K and V, visible keys, bf16
+    kv_bytes = 2 * int(kv_len.sum()) * hkv * d * k.dtype.itemsize  # K and V, visible keys
     small = q.nbytes + 8 * b  # q, kv_len, q_start
     return kv_bytes, small, traffic, launches
 
@@ -73,14 +77,15 @@ def run(shape, settings):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--markdown", action="store_true")
+    ap.add_argument("--dtypes", default="bf16,f32", help="comma-separated: bf16 (the tensor-core kernels), f32 (the SIMT ones)")
     a = ap.parse_args()
     if not ex.gpusim_traffic.__doc__:
         raise SystemExit("exla_rs_jax lacks gpusim_traffic")
     rows = []
-    for shape in SHAPES:
+    for dtype, shape in ((dt, sh) for dt in a.dtypes.split(",") for sh in SHAPES):
         for path, settings in (("split-KV", {"EXLA_RS_CUDA_SPLITS": "auto", "EXLA_RS_CUDA_PATH": "mma"}),
                                ("non-split", {"EXLA_RS_CUDA_SPLITS": "off", "EXLA_RS_CUDA_PATH": "mma"})):
-            kv_bytes, small, traffic, launches = run(shape, settings)
+            kv_bytes, small, traffic, launches = run(shape, dtype, settings)
             if not traffic:
                 raise SystemExit("no traffic counted: EXLA_RS_XLA_LIB must be the statistics build (scripts/gpu_on_cpu.sh stats)")
             main_kernel = max(traffic, key=lambda k: traffic[k]["read"])
@@ -91,7 +96,19 @@ def main():
             # q_start[b] (8 bytes). The split kernel's CTAs: row blocks x splits x Hkv x B, the
             # splits read back from the partials it wrote (S x B x H x Sq x (D + 1) x 4 bytes).
             _, b, sq, sk, h, hkv, d, kv = shape
-            if "split" in main_kernel:
+            if "split" in main_kernel and dtype == "f32":
+                # simt_fwd_split: one-warp CTAs of 8 packed rows; every CTA stages its rows' q
+                # (an empty split too) and each thread reads kv_len[b], q_start[b].
+                part = b * h * sq * (d + 1) * 4
+                splits = traffic[main_kernel]["written"] // part if any("combine" in k for k in traffic) else 1
+                ctas = -(-(h // hkv) * sq // 8) * splits * hkv * b
+                other = splits * b * sq * h * d * 4 + ctas * 32 * 8
+            elif dtype == "f32":
+                # simt_fwd: a warp per (query row, head) reads its q row, and each of its threads
+                # kv_len[b] and q_start[b] twice (the mask and the row's ALiBi position): 12 bytes.
+                splits = 0
+                other = b * sq * h * d * 4 + b * sq * h * 32 * 12
+            elif "split" in main_kernel:
                 part = b * h * sq * (d + 1) * 4
                 splits = traffic[main_kernel]["written"] // part if any("combine" in k for k in traffic) else 1
                 ctas = -(-(h // hkv) * sq // 64) * splits * hkv * b
@@ -103,18 +120,18 @@ def main():
                 splits, threads = 0, 256 if d <= 192 else 128
                 ctas = -(-sq // (16 * threads // 32)) * h * b
                 other = b * sq * h * d * 2 + ctas * threads * 8
-            rows.append((shape[0], path, ", ".join(f"{k.removeprefix('exla_rs_')}" for k in sorted(launches)), kv_bytes, small,
+            rows.append((f"{dtype} {shape[0]}", path, ", ".join(f"{k.removeprefix('exla_rs_')}" for k in sorted(launches)), kv_bytes, small,
                          kernel_read, read, sum(t["written"] for t in traffic.values()), sum(t["atomic"] for t in traffic.values()),
                          splits, kernel_read - other))
             print(f"# {shape[0]} {path}: {traffic}", file=sys.stderr)
     if a.markdown:
-        print("| shape (bf16, causal, q at the end) | path | splits | K/V bytes (visible) | main kernel read | read / K/V | main kernel read - q per CTA - 8 B per thread | = K/V x | all kernels read | written | atomic |")
+        print("| dtype, shape (causal, q at the end) | path | splits | K/V bytes (visible) | main kernel read | read / K/V | main kernel read - q per CTA - 8 B per thread | = K/V x | all kernels read | written | atomic |")
         print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
         for name, path, kernels, kv, small, kr, rd, wr, at, sp, kvpart in rows:
             print(f"| {name} | {path} | {sp or '-'} | {kv} | {kr} | {kr / kv:.4f} | {kvpart} | {kvpart / kv:.4f} | {rd} | {wr} | {at} |")
     else:
         for name, path, kernels, kv, small, kr, rd, wr, at, sp, kvpart in rows:
-            print(f"{name:22} {path:10} splits {sp:>3}  K/V {kv:>10}  main kernel read {kr:>10} ({kr / kv:.4f} x K/V; without q and kv_len/q_start: "
+            print(f"{name:27} {path:10} splits {sp:>3}  K/V {kv:>10}  main kernel read {kr:>10} ({kr / kv:.4f} x K/V; without q and kv_len/q_start: "
                   f"{kvpart} = {kvpart / kv:.4f} x K/V)  all read {rd:>10} written {wr:>9} atomic {at}  [{kernels}]")
 
 

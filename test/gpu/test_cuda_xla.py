@@ -824,11 +824,13 @@ def decode_cases(d):
 
 
 # Every kernel head dim in both 16-bit types, several forced split counts (7 > the visible tiles of
-# most row blocks here: empty splits; 128 is clamped to the workspace's limit); f32 (the SIMT
-# forward, documented) at two head dims.
+# most row blocks here: empty splits; 128 is clamped to the workspace's limit); f32 (simt_fwd_split,
+# 8 packed rows per warp, 32-key chunks) at every head dim on the decode cases (Sq <= 16: f32 splits
+# only decode calls), one of them with a single split (the kernel writes o and lse itself).
 DECODE_PARAMS = [pytest.param(c, dt, n, id=f"{c.name}-{dt}-s{n}") for d in CUDA_DIMS for dt in ("f16", "bf16")
                  for c, n in zip(decode_cases(d), (3, 7, 128, 2))]
-DECODE_PARAMS += [pytest.param(c, "f32", 4, id=f"{c.name}-f32-s4") for d in (64, 256) for c in decode_cases(d)[:2]]
+DECODE_PARAMS += [pytest.param(c, "f32", n, id=f"{c.name}-f32-s{n}") for d in CUDA_DIMS
+                  for c, n in zip(decode_cases(d)[:3], (4, 128, 1))]
 # Padded head dims (the split kernels run on the next kernel head dim's zero-padded copies, their
 # partials after the copies in the workspace).
 DECODE_PARAMS += [pytest.param(c, dt, 3, id=f"{c.name}-{dt}-s3") for d in (40, 80) for dt in ("f16", "bf16") for c in decode_cases(d)[:2]]
@@ -844,7 +846,7 @@ def split_call(value, fn):
         after = ex.gpusim_launch_counts()
         ran = {n for n in after if after[n] != before.get(n, 0)}
         split = any("_fwd_split_" in n for n in ran)
-        assert split == (value != "off") or any("_f32_" in n or "_drop" in n for n in ran), f"EXLA_RS_CUDA_SPLITS={value}: ran {sorted(ran)}"
+        assert split == (value != "off") or any("_drop" in n for n in ran), f"EXLA_RS_CUDA_SPLITS={value}: ran {sorted(ran)}"
     return out
 
 
@@ -877,12 +879,12 @@ def test_decode_split_matches_float64_and_the_non_split_forward(case, dt, splits
 # key mask or by a -inf bias, left padding over whole tiles.
 DECODE_EXTRA_PARAMS = [pytest.param(decode_cases(d)[n % 2], Extra(key_mask="holes", bias=("BHQK", "B1QK", "1H1K")[n % 3], bias_f32=n % 2 == 1,
                                                                    alibi=True, mask_dtype=n % 4), dt, 3 + n, id=f"mask-d{d}-{dt}")
-                       for n, d in enumerate(CUDA_DIMS) for dt in ("f16", "bf16")]
+                       for n, d in enumerate(CUDA_DIMS) for dt in ("f16", "bf16", "f32")]
 DECODE_EXTRA_PARAMS += [pytest.param(c, e, dt, 5, id=f"{name}-{dt}") for name, c, e in [
     ("all_masked", decode_cases(64)[0], Extra(key_mask="all_masked", mask_dtype=1)),
     ("bias_neginf", decode_cases(128)[1], Extra(bias="BHQK", bias_neg_inf=True, bias_f32=True)),
     ("left_pad_alibi", decode_cases(128)[2], Extra(key_mask="left_pad", alibi=True, mask_dtype=3)),
-] for dt in ("f16", "bf16")]
+] for dt in ("f16", "bf16", "f32")]
 
 
 @pytest.mark.parametrize("case,extra,dt,splits", DECODE_EXTRA_PARAMS)
@@ -915,12 +917,16 @@ def test_decode_workspace_holds_the_split_partials():
     assert s == 16
     assert ex.workspace_bytes(0, PLATFORM, jnp.bfloat16, b, 1, sk, h, hkv, d) == a(s * b * h * d * 4) + a(s * b * h * 4)
     assert ex.workspace_bytes(0, PLATFORM, jnp.float16, 1, 3, 200, 4, 1, 256) == a(7 * 4 * 3 * 256 * 4) + a(7 * 4 * 3 * 4)  # 7 tiles of 32
-    assert ex.workspace_bytes(0, PLATFORM, np.float32, b, 1, sk, h, hkv, d) == 0  # f32: the SIMT forward, no split
+    # f32: one-warp CTAs of 8 packed rows over 32-key chunks, S = min(128, Sk / 32, 4096 / CTAs of one split).
+    s32 = min(128, sk // 32, 4096 // (1 * hkv * b))
+    assert s32 == 64
+    assert ex.workspace_bytes(0, PLATFORM, np.float32, b, 1, sk, h, hkv, d) == a(s32 * b * h * d * 4) + a(s32 * b * h * 4)
+    assert ex.workspace_bytes(0, PLATFORM, np.float32, 1, 17, 4096, 4, 4, 64) == 0  # Sq > 16: f32 splits only decode
     assert ex.workspace_bytes(0, PLATFORM, jnp.bfloat16, b, 1, 64, h, hkv, d) == 0  # one key tile: one split
 
 
 @cuda_only
-@pytest.mark.parametrize("dt", ["f16", "bf16"])
+@pytest.mark.parametrize("dt", ["f16", "bf16", "f32"])
 def test_decode_split_nan_in_a_visible_key_poisons_its_rows_only(dt):
     """A NaN in K or V at a key a row sees makes that row's o NaN on both paths (the combine pass
     must not drop the split that holds it); the other KV head's rows stay equal to a clean call."""
@@ -949,7 +955,7 @@ def test_decode_split_nan_in_a_visible_key_poisons_its_rows_only(dt):
         assert np.array_equal(got[~dirty], runs[setting, "clean"][~dirty]), f"splits={setting}: clean entries changed"
 
 
-@pytest.mark.parametrize("dt", ["f16", "bf16"])
+@pytest.mark.parametrize("dt", ["f16", "bf16", "f32"])
 def test_decode_split_counts_and_dropout_fallback(dt):
     """One call at every split count from 1 to past the key tiles (each clamped to the workspace's
     limit): the same result each time within rounding; dropout calls take the non-split forward."""
@@ -971,7 +977,7 @@ def test_decode_split_counts_and_dropout_fallback(dt):
     if before is not None:
         after = ex.gpusim_launch_counts()
         ran = {n for n in after if after[n] != before.get(n, 0)}
-        assert ran == {f"exla_rs_fwd_{dt}_d64_drop"}, ran
+        assert ran == {f"exla_rs_fwd_{dt}_d64" + ("" if dt == "f32" else "_drop")}, ran
 
 
 # ---------------------------------------------------------------------------------------------

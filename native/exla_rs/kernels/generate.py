@@ -34,9 +34,12 @@ def tc(kind, dt, d, suffix, feat):
 
 def simt(d):
     out = f'{HEADER}#include "../simt.cuh"\n\nusing namespace exla_rs;\n'
-    for name, fn, params in [("fwd", "simt_fwd", "FwdParams"), ("bwd_dq", "simt_bwd_dq", "BwdParams"),
-                             ("bwd_dkdv", "simt_bwd_dkdv", "BwdParams")]:
-        out += (f"\nextern \"C\" __global__ void __launch_bounds__(SimtTraits::kThreads, {MIN_BLOCKS})\n"
+    # The f32 split-KV decode forward (simt_fwd_split, one warp per CTA) beside them.
+    for name, fn, params, traits in [("fwd", "simt_fwd", "FwdParams", "SimtTraits"),
+                                     ("bwd_dq", "simt_bwd_dq", "BwdParams", "SimtTraits"),
+                                     ("bwd_dkdv", "simt_bwd_dkdv", "BwdParams", "SimtTraits"),
+                                     ("fwd_split", "simt_fwd_split", "SplitParams", "SimtSplitTraits")]:
+        out += (f"\nextern \"C\" __global__ void __launch_bounds__({traits}::kThreads, {MIN_BLOCKS})\n"
                 f"exla_rs_{name}_f32_d{d}(const {params} p) {{\n  {fn}<F32, {d}>(p);\n}}\n"
                 f"EXLA_RS_KERNEL_ENTRY(exla_rs_{name}_f32_d{d})\n")
     return out
@@ -63,7 +66,8 @@ def aux():
     return out
 
 # The split-KV forward (flash_fwd_split.cuh, issue 34): the plain and masks-and-terms sets (dropout
-# calls run the non-split forward), and one file of combine passes (one per dtype and head dim).
+# calls run the non-split forward), and one file of combine passes (one per dtype and head dim; f32's
+# split kernel is simt.cuh's, in the f32 files).
 SPLIT_SETS = {"": 0, "_mask": 1}
 
 def split(dt, d, suffix, feat):
@@ -76,7 +80,7 @@ def split(dt, d, suffix, feat):
 
 def combine():
     out = f'{HEADER}#include "../flash_fwd_split.cuh"\n\nusing namespace exla_rs;\n'
-    for dt, t in HALF.items():
+    for dt, t in [*HALF.items(), ("f32", "F32")]:
         for d in HEAD_DIMS:
             name = f"exla_rs_fwd_combine_{dt}_d{d}"
             out += (f"\nextern \"C\" __global__ void __launch_bounds__(CombineTraits::kThreads, {MIN_BLOCKS})\n"

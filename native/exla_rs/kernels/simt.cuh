@@ -21,7 +21,7 @@ namespace exla_rs {
 struct SimtTraits {
   static constexpr int kWarps = 4;  // rows per block
   static constexpr int kThreads = 32 * kWarps;
-  static constexpr int smem_bytes(int d) { return kWarps * (2 * d + 64) * 4; }
+  __host__ __device__ static constexpr int smem_bytes(int d) { return kWarps * (2 * d + 64) * 4; }
 };
 
 // One warp's slice of the block's shared memory: rows a and b (D floats each), weights wa and wb
@@ -325,6 +325,171 @@ __device__ __forceinline__ void simt_bwd_dkdv(const BwdParams& p) {
   for (int e = 0; e < E; ++e) {
     gdk[lane + 32 * e] = T::from_float(dk[e] * p.scale);
     gdv[lane + 32 * e] = T::from_float(dv[e]);
+  }
+}
+
+// Split-KV forward for f32 decode (issue 34; the f16/bf16 one is flash_fwd_split.cuh, whose
+// SplitParams, partials layout and combine pass this shares). One warp per CTA owns kRows
+// "packed" rows of one KV head: packed row r = i * g + hh is query row i of head hk * g + hh
+// (g = H / Hkv), so the heads of a GQA group and the query rows of a decode call share each K/V
+// row the warp reads: lane jj scores key j0 + jj against every packed row (their q in shared
+// memory), the running max and sum of each row are warp reductions, and the V row of each used
+// key is read once (lane-per-column) for every row. Grid (row_blocks * num_splits, Hkv, B); the
+// keys the rows see are divided between the splits in 32-key chunks. With one split the warp writes
+// O and LSE itself; with more, its rows' normalised partial o and lse go to the workspace and
+// flash_fwd_combine merges them. Mirrored in crates/exla-rs-cuda/src/split.rs: change both.
+struct SimtSplitTraits {
+  static constexpr int kRows = 8;  // packed rows per warp
+  static constexpr int kThreads = 32;
+  __host__ __device__ static constexpr int smem_bytes(int d) { return kRows * (d + 32) * 4; }
+};
+
+template <class T, int D>
+__device__ __forceinline__ void simt_fwd_split(const SplitParams& sp) {
+  using S = typename T::Storage;
+  constexpr int E = D / 32, R = SimtSplitTraits::kRows;
+  const FwdParams& p = sp.f;
+  const ExtraParams& x = p.x;
+  const int lane = threadIdx.x & 31;
+  if (blockDim.x != SimtSplitTraits::kThreads) __trap();  // the launcher's table disagrees with this file
+  const int split = blockIdx.x % sp.num_splits, mb = blockIdx.x / sp.num_splits;
+  const int hk = blockIdx.y, b = blockIdx.z;
+  const int grp = p.heads / p.kv_heads;
+  const int m0 = mb * R, nr = imin(R, grp * p.seq_q - m0);  // this warp's packed rows [m0, m0 + nr)
+  if (nr <= 0) return;
+  EXLA_RS_DYNAMIC_SMEM(smem_raw, 16);
+  float* sq = reinterpret_cast<float*>(smem_raw);  // [R][D]: the rows' q
+  float* sw = sq + R * D;                          // [R][32]: each row's weights of the 32 keys
+  const Mask mask = Mask::make(p.seq_q, p.seq_k, p.kv_len[b], p.q_start[b], p.window_left, p.window_right);
+  const long long kv_stride = (long long)p.kv_heads * D;
+  const S* K = static_cast<const S*>(p.k) + ((long long)b * p.seq_k * p.kv_heads + hk) * D;
+  const S* V = static_cast<const S*>(p.v) + ((long long)b * p.seq_k * p.kv_heads + hk) * D;
+
+  // Each row's query row, head, visible interval; ALiBi slope and bias row (rows >= nr: none).
+  int i_r[R], h_r[R], lo_r[R], hi_r[R];
+  float slope_r[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    const int pr = m0 + imin(r, nr - 1);  // padding rows repeat the last real one, never stored
+    i_r[r] = pr / grp;
+    h_r[r] = hk * grp + pr % grp;
+    mask.row_keys(i_r[r], lo_r[r], hi_r[r]);
+    if (r >= nr) hi_r[r] = lo_r[r];
+    slope_r[r] = x.alibi_slopes ? x.alibi_slopes[h_r[r]] : 0.f;
+    const S* qr = static_cast<const S*>(p.q) + (((long long)b * p.seq_q + i_r[r]) * p.heads + h_r[r]) * D;
+#pragma unroll
+    for (int e = 0; e < E; ++e) sq[r * D + lane + 32 * e] = T::to_float(qr[lane + 32 * e]);
+  }
+  __syncwarp();
+
+  // The keys any of the rows sees, and this split's share of their 32-key chunks.
+  int k_lo, k_hi;
+  mask.rows_keys(i_r[0], (m0 + nr - 1) / grp + 1, k_lo, k_hi);  // (not i_r[nr - 1]: a run-time index spills the array)
+  const int n_chunks = k_hi > k_lo ? (k_hi - k_lo + 31) / 32 : 0;
+  const int c_begin = (int)((long long)split * n_chunks / sp.num_splits);
+  const int c_end = (int)((long long)(split + 1) * n_chunks / sp.num_splits);
+
+  float o[R][E], m[R], l[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    m[r] = neg_inf();
+    l[r] = 0.f;
+#pragma unroll
+    for (int e = 0; e < E; ++e) o[r][e] = 0.f;
+  }
+  for (int c = c_begin; c < c_end; ++c) {
+    const int j0 = k_lo + 32 * c, j = j0 + lane;
+    const bool key_ok = j < k_hi && (!x.key_mask || key_mask_visible(x.key_mask, x.key_mask_bytes, (long long)b * p.seq_k + j));
+    bool seen[R];
+    bool any = false;
+#pragma unroll
+    for (int r = 0; r < R; ++r) any |= (seen[r] = key_ok && j >= lo_r[r] && j < hi_r[r]);
+    // z of this lane's key for each row (log2 domain), -inf where the row does not see it; the K
+    // row is read once for all rows, and only when one of them sees the key.
+    float z[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) z[r] = neg_inf();
+    if (any) {
+      float acc[R];
+#pragma unroll
+      for (int r = 0; r < R; ++r) acc[r] = 0.f;
+      const Chunk16* k4 = reinterpret_cast<const Chunk16*>(K + (long long)j * kv_stride);
+#pragma unroll 2
+      for (int cc = 0; cc < D / 4; ++cc) {
+        const Chunk16 kx = k4[cc];
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+          const Chunk16 qx = reinterpret_cast<const Chunk16*>(sq + r * D)[cc];
+          acc[r] += __uint_as_float(qx.x) * __uint_as_float(kx.x) + __uint_as_float(qx.y) * __uint_as_float(kx.y) +
+                    __uint_as_float(qx.z) * __uint_as_float(kx.z) + __uint_as_float(qx.w) * __uint_as_float(kx.w);
+        }
+      }
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        if (!seen[r]) continue;
+        float add = x.bias ? bias_load(x.bias, x.bias_dtype, bias_offset(x, b, h_r[r], i_r[r], j)) : 0.f;
+        if (x.alibi_slopes) add += alibi_term(slope_r[r], mask.q_start + i_r[r], j);
+        z[r] = (score(acc[r], p.scale, p.softcap, p.softcap_inv) + add) * kLog2e;
+      }
+    }
+    // Online softmax per row over the 32 keys (as simt_fwd); the weights go to shared memory.
+    unsigned used = 0;
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      if (r >= nr) break;  // warp-uniform
+      const float m_new = fmaxf(m[r], warp_max(z[r]));
+      const float m_use = m_new == neg_inf() ? 0.f : m_new;
+      const float alpha = ex2(m[r] - m_use);
+      const float pr = seen[r] ? ex2(z[r] - m_use) : 0.f;
+      l[r] = l[r] * alpha + warp_sum(pr);
+      m[r] = m_new;
+#pragma unroll
+      for (int e = 0; e < E; ++e) o[r][e] *= alpha;
+      sw[r * 32 + lane] = pr;
+      used |= __ballot_sync(0xffffffffu, pr != 0.f);
+    }
+    __syncwarp();  // the weights are visible to every lane
+    // O += P V over the keys some row weighs: each V row read once; a zero weight adds nothing,
+    // so a key a row does not see never meets its V (which may hold inf/NaN).
+    for (unsigned left = used; left; left &= left - 1) {
+      const int jj = __ffs(left) - 1;
+      const S* vr = V + (long long)(j0 + jj) * kv_stride;
+      float v[E];
+#pragma unroll
+      for (int e = 0; e < E; ++e) v[e] = T::to_float(vr[lane + 32 * e]);
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        const float w = sw[r * 32 + jj];
+        if (w != 0.f) {  // warp-uniform
+#pragma unroll
+          for (int e = 0; e < E; ++e) o[r][e] += w * v[e];
+        }
+      }
+    }
+    __syncwarp();  // sw is read before the next keys overwrite it
+  }
+
+  // Epilogue per row: o / l, lse (rows that saw no key: o = 0, lse = -inf), as simt_fwd.
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    if (r >= nr) break;
+    const float inv = l[r] > 0.f ? 1.f / l[r] : 0.f;
+    const float lse = l[r] > 0.f ? (m[r] + lg2(l[r])) * kLn2 : neg_inf();
+    const long long lrow = ((long long)b * p.heads + h_r[r]) * p.seq_q + i_r[r];
+    if (sp.num_splits == 1) {
+      S* out = static_cast<S*>(p.o) + (((long long)b * p.seq_q + i_r[r]) * p.heads + h_r[r]) * D;
+#pragma unroll
+      for (int e = 0; e < E; ++e) out[lane + 32 * e] = T::from_float(o[r][e] * inv);
+      if (lane == 0) p.lse[lrow] = lse;
+    } else {
+      // Partials, split-major (flash_fwd_split.cuh's layout). A NaN row sum (a NaN score of a seen
+      // key) stays NaN, so the combine pass does not drop the split as one that saw no key.
+      const long long prow = (long long)split * p.batch * p.heads * p.seq_q + lrow;
+      float* dst = sp.o_part + prow * D;
+#pragma unroll
+      for (int e = 0; e < E; ++e) dst[lane + 32 * e] = o[r][e] * inv;
+      if (lane == 0) sp.lse_part[prow] = l[r] != l[r] ? qnan() : lse;
+    }
   }
 }
 

@@ -20,3 +20,9 @@ exla_rs_bwd_dkdv_f32_d96(const BwdParams p) {
   simt_bwd_dkdv<F32, 96>(p);
 }
 EXLA_RS_KERNEL_ENTRY(exla_rs_bwd_dkdv_f32_d96)
+
+extern "C" __global__ void __launch_bounds__(SimtSplitTraits::kThreads, 1)
+exla_rs_fwd_split_f32_d96(const SplitParams p) {
+  simt_fwd_split<F32, 96>(p);
+}
+EXLA_RS_KERNEL_ENTRY(exla_rs_fwd_split_f32_d96)

@@ -50,3 +50,27 @@ EXLA_RS_KERNEL_ENTRY(exla_rs_fwd_combine_bf16_d192)
 extern "C" __global__ void __launch_bounds__(CombineTraits::kThreads, 1)
 exla_rs_fwd_combine_bf16_d256(const SplitParams p) { flash_fwd_combine<BF16, 256>(p); }
 EXLA_RS_KERNEL_ENTRY(exla_rs_fwd_combine_bf16_d256)
+
+extern "C" __global__ void __launch_bounds__(CombineTraits::kThreads, 1)
+exla_rs_fwd_combine_f32_d32(const SplitParams p) { flash_fwd_combine<F32, 32>(p); }
+EXLA_RS_KERNEL_ENTRY(exla_rs_fwd_combine_f32_d32)
+
+extern "C" __global__ void __launch_bounds__(CombineTraits::kThreads, 1)
+exla_rs_fwd_combine_f32_d64(const SplitParams p) { flash_fwd_combine<F32, 64>(p); }
+EXLA_RS_KERNEL_ENTRY(exla_rs_fwd_combine_f32_d64)
+
+extern "C" __global__ void __launch_bounds__(CombineTraits::kThreads, 1)
+exla_rs_fwd_combine_f32_d96(const SplitParams p) { flash_fwd_combine<F32, 96>(p); }
+EXLA_RS_KERNEL_ENTRY(exla_rs_fwd_combine_f32_d96)
+
+extern "C" __global__ void __launch_bounds__(CombineTraits::kThreads, 1)
+exla_rs_fwd_combine_f32_d128(const SplitParams p) { flash_fwd_combine<F32, 128>(p); }
+EXLA_RS_KERNEL_ENTRY(exla_rs_fwd_combine_f32_d128)
+
+extern "C" __global__ void __launch_bounds__(CombineTraits::kThreads, 1)
+exla_rs_fwd_combine_f32_d192(const SplitParams p) { flash_fwd_combine<F32, 192>(p); }
+EXLA_RS_KERNEL_ENTRY(exla_rs_fwd_combine_f32_d192)
+
+extern "C" __global__ void __launch_bounds__(CombineTraits::kThreads, 1)
+exla_rs_fwd_combine_f32_d256(const SplitParams p) { flash_fwd_combine<F32, 256>(p); }
+EXLA_RS_KERNEL_ENTRY(exla_rs_fwd_combine_f32_d256)

@@ -140,7 +140,7 @@ pub unsafe fn forward(
             let setting = split::SplitSetting::from_env().map_err(AttnError::invalid)?;
             if let Some(splits) = split::choose(dtype, &ks, features, dev.sm_count()?, setting) {
                 let at = workspace::split_workspace_offset(dtype, shape);
-                let sp = split::params(&p, &ks, splits, bufs.workspace + at as u64, bufs.workspace_bytes.saturating_sub(at))?;
+                let sp = split::params(dtype, &p, &ks, splits, bufs.workspace + at as u64, bufs.workspace_bytes.saturating_sub(at))?;
                 return run(dev, &split::plan(dtype, &ks, features, splits), &sp);
             }
             // Hopper: the sm90 forward (src/sm90.rs) when the setting, the device and the call allow it.

@@ -2,13 +2,14 @@
 //! splits, its workspace, its launches.
 //!
 //! A decode call (Sq <= 16 query rows per sequence) always takes it: one CTA holds every query
-//! head of a KV head's GQA group and every query row ("packed" rows, 64 per CTA), so each K/V byte
-//! is read once per call; the key range is split across CTAs when that fills the GPU better, and a
-//! combine pass merges the splits' f32 partials. A longer call whose FA2 grid (query blocks x heads
-//! x batch) leaves SMs idle takes it too when it has at least [`MIN_TILES_LONG`] key tiles and the
-//! choice gives 2 splits or more. Not here: f32 (the SIMT kernels, which read K/V once per query
-//! head), dropout (its Philox counters are per (row, head) and the kernels' keep-bit exchange
-//! assumes the two rows of a thread share a head: such calls run the non-split forward).
+//! head of a KV head's GQA group and every query row ("packed" rows, 64 per CTA for f16/bf16, 8
+//! per one-warp CTA for f32: kernels/simt.cuh's `simt_fwd_split`), so each K/V byte is read once
+//! per call (f32: once per 8 packed rows); the key range is split across CTAs when that fills the
+//! GPU better, and a combine pass merges the splits' f32 partials. A longer f16/bf16 call whose FA2
+//! grid (query blocks x heads x batch) leaves SMs idle takes it too when it has at least
+//! [`MIN_TILES_LONG`] key tiles and the choice gives 2 splits or more. Not here: dropout (its
+//! Philox counters are per (row, head) and the kernels' keep-bit exchange assumes the two rows of
+//! a thread share a head: such calls run the non-split forward).
 //!
 //! `EXLA_RS_CUDA_SPLITS` (read at every forward call): `auto` (default) = the rules above; `off` =
 //! never; `N` (1..=128) = every call the workspace allows takes the split path with N splits
@@ -38,6 +39,33 @@ const CTA_BUDGET: usize = 1024;
 const MAX_SMS: usize = 256;
 /// CTAs of the split kernel one SM holds at once (registers: 128 threads x up to 255 registers).
 const CTAS_PER_SM: usize = 2;
+/// f32 (`SimtSplitTraits`): packed rows per one-warp CTA, keys per chunk, and for the choice the
+/// CTAs one SM holds at once (32 threads x up to 248 registers: 8 in a 64K register file) and the
+/// most CTAs of all splits.
+pub const SIMT_ROWS: usize = 8;
+const SIMT_KEYS: usize = 32;
+const SIMT_THREADS: usize = 32;
+const SIMT_CTAS_PER_SM: usize = 8;
+const SIMT_CTA_BUDGET: usize = 4096;
+
+/// One dtype's split kernel: packed rows per CTA, keys per tile (f32: per 32-key chunk), threads
+/// per CTA, CTAs per SM at once, and the most CTAs the splits of one call may take.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Geometry {
+    rows: usize,
+    keys: usize,
+    threads: usize,
+    ctas_per_sm: usize,
+    cta_budget: usize,
+}
+
+fn geometry(dtype: ElementType, d: usize) -> Geometry {
+    if dtype == ElementType::F32 {
+        Geometry { rows: SIMT_ROWS, keys: SIMT_KEYS, threads: SIMT_THREADS, ctas_per_sm: SIMT_CTAS_PER_SM, cta_budget: SIMT_CTA_BUDGET }
+    } else {
+        Geometry { rows: BLOCK_M, keys: block_n(d), threads: THREADS, ctas_per_sm: CTAS_PER_SM, cta_budget: CTA_BUDGET }
+    }
+}
 
 /// Key tile (`SplitTraits::kBlockN`).
 pub fn block_n(d: usize) -> usize {
@@ -48,8 +76,12 @@ pub fn block_n(d: usize) -> usize {
     }
 }
 
-pub fn smem_bytes(d: usize) -> usize {
-    (BLOCK_M * d + 4 * block_n(d) * d) * 2
+pub fn smem_bytes(dtype: ElementType, d: usize) -> usize {
+    if dtype == ElementType::F32 {
+        SIMT_ROWS * (d + 32) * 4 // the rows' q and each row's weights of 32 keys, in f32
+    } else {
+        (BLOCK_M * d + 4 * block_n(d) * d) * 2
+    }
 }
 
 /// The `EXLA_RS_CUDA_SPLITS` setting.
@@ -80,7 +112,8 @@ impl SplitSetting {
 /// The split kernel's geometry of a call.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SplitShape {
-    /// g * Sq packed rows per (kv head, batch row), in `row_blocks` CTAs of [`BLOCK_M`].
+    /// g * Sq packed rows per (kv head, batch row), in `row_blocks` CTAs of [`BLOCK_M`] (f32:
+    /// [`SIMT_ROWS`]).
     pub row_blocks: usize,
     /// row_blocks x Hkv x B: the CTAs of one split.
     pub base_ctas: usize,
@@ -90,14 +123,15 @@ pub struct SplitShape {
     pub fwd_ctas: usize,
 }
 
-pub fn split_shape(s: &AttnShape) -> SplitShape {
+pub fn split_shape(dtype: ElementType, s: &AttnShape) -> SplitShape {
+    let geo = geometry(dtype, s.head_dim);
     let g = s.heads / s.kv_heads.max(1);
-    let row_blocks = (g * s.seq_q).div_ceil(BLOCK_M);
+    let row_blocks = (g * s.seq_q).div_ceil(geo.rows);
     let fwd_bm = if s.head_dim <= 192 { 128 } else { 64 };
     SplitShape {
         row_blocks,
         base_ctas: row_blocks * s.kv_heads * s.batch,
-        key_tiles: s.seq_k.div_ceil(block_n(s.head_dim)),
+        key_tiles: s.seq_k.div_ceil(geo.keys),
         decode: s.seq_q <= DECODE_MAX_SQ,
         fwd_ctas: s.seq_q.div_ceil(fwd_bm) * s.heads * s.batch,
     }
@@ -107,14 +141,14 @@ pub fn split_shape(s: &AttnShape) -> SplitShape {
 /// the shape never takes the split path. Shape-only, like the workspace rule.
 pub fn split_limit(dtype: ElementType, s: &AttnShape) -> usize {
     let empty = s.batch == 0 || s.seq_q == 0 || s.seq_k == 0 || s.heads == 0 || s.kv_heads == 0;
-    if dtype == ElementType::F32 || empty || !config::HEAD_DIMS.contains(&s.head_dim) || s.heads % s.kv_heads != 0 {
+    if empty || !config::HEAD_DIMS.contains(&s.head_dim) || s.heads % s.kv_heads != 0 {
         return 0;
     }
-    let sh = split_shape(s);
-    let limit = MAX_SPLITS.min(sh.key_tiles).min((CTA_BUDGET / sh.base_ctas).max(1));
+    let sh = split_shape(dtype, s);
+    let limit = MAX_SPLITS.min(sh.key_tiles).min((geometry(dtype, s.head_dim).cta_budget / sh.base_ctas).max(1));
     if sh.decode {
         limit
-    } else if sh.key_tiles >= MIN_TILES_LONG && sh.fwd_ctas < MAX_SMS && limit >= 2 {
+    } else if dtype != ElementType::F32 && sh.key_tiles >= MIN_TILES_LONG && sh.fwd_ctas < MAX_SMS && limit >= 2 {
         limit
     } else {
         0
@@ -138,11 +172,11 @@ pub fn workspace_bytes(dtype: ElementType, s: &AttnShape) -> usize {
     o + l
 }
 
-/// Splits for a call of `base_ctas` CTAs per split over `tiles` key tiles on `sms` SMs: the count
-/// in 1..=limit that minimises (waves of CTAs) x (key tiles each CTA walks), the fewest on a tie
-/// (each split adds partials to write and combine).
-pub fn choose_splits(base_ctas: usize, tiles: usize, sms: usize, limit: usize) -> usize {
-    let slots = (sms * CTAS_PER_SM).max(1);
+/// Splits for a call of `base_ctas` CTAs per split over `tiles` key tiles on `sms` SMs holding
+/// `ctas_per_sm` CTAs each: the count in 1..=limit that minimises (waves of CTAs) x (key tiles each
+/// CTA walks), the fewest on a tie (each split adds partials to write and combine).
+pub fn choose_splits(base_ctas: usize, tiles: usize, sms: usize, ctas_per_sm: usize, limit: usize) -> usize {
+    let slots = (sms * ctas_per_sm).max(1);
     if base_ctas >= slots || limit <= 1 {
         return 1;
     }
@@ -162,16 +196,17 @@ pub fn choose(dtype: ElementType, s: &AttnShape, f: FeatureSet, sms: u32, settin
     if f.dropout || limit == 0 {
         return None;
     }
-    let sh = split_shape(s);
+    let sh = split_shape(dtype, s);
+    let per_sm = geometry(dtype, s.head_dim).ctas_per_sm;
     match setting {
         SplitSetting::Off => None,
         SplitSetting::Force(n) => Some(n.min(limit)),
-        SplitSetting::Auto if sh.decode => Some(choose_splits(sh.base_ctas, sh.key_tiles, sms as usize, limit)),
+        SplitSetting::Auto if sh.decode => Some(choose_splits(sh.base_ctas, sh.key_tiles, sms as usize, per_sm, limit)),
         SplitSetting::Auto => {
             if sh.fwd_ctas >= sms as usize {
                 return None;
             }
-            Some(choose_splits(sh.base_ctas, sh.key_tiles, sms as usize, limit)).filter(|&n| n >= 2)
+            Some(choose_splits(sh.base_ctas, sh.key_tiles, sms as usize, per_sm, limit)).filter(|&n| n >= 2)
         }
     }
 }
@@ -180,14 +215,23 @@ pub fn choose(dtype: ElementType, s: &AttnShape, f: FeatureSet, sms: u32, settin
 pub fn plan(dtype: ElementType, s: &AttnShape, f: FeatureSet, splits: usize) -> Vec<Launch> {
     let d = s.head_dim;
     let ds = d.to_string();
-    let set = if f.masks { "_mask" } else { "" };
-    let sh = split_shape(s);
+    let sh = split_shape(dtype, s);
+    let geo = geometry(dtype, d);
+    // f32: one SIMT kernel whatever the features (in the file of the other f32 kernels); f16/bf16:
+    // the plain or the masks-and-terms set.
+    let (file, set) = match (dtype, f.masks) {
+        (ElementType::F32, _) => (config::name(&["f32_d", &ds]), ""),
+        (_, masks) => {
+            let set = if masks { "_mask" } else { "" };
+            (config::name(&["fwd_split_", dtype.name(), "_d", &ds, set]), set)
+        }
+    };
     let mut plan = vec![Launch {
-        file: config::name(&["fwd_split_", dtype.name(), "_d", &ds, set]),
+        file,
         kernel: config::name(&["exla_rs_fwd_split_", dtype.name(), "_d", &ds, set]),
         grid: ((sh.row_blocks * splits) as u32, s.kv_heads as u32, s.batch as u32),
-        block: THREADS as u32,
-        smem: smem_bytes(d) as u32,
+        block: geo.threads as u32,
+        smem: smem_bytes(dtype, d) as u32,
     }];
     if splits > 1 {
         plan.push(Launch {
@@ -203,7 +247,7 @@ pub fn plan(dtype: ElementType, s: &AttnShape, f: FeatureSet, splits: usize) -> 
 
 /// The kernels' parameter block: the call's `p`, the split count and the partials at `workspace`
 /// (device address of the split path's part of the workspace, `avail` bytes).
-pub fn params(p: &FwdParams, s: &AttnShape, splits: usize, workspace: u64, avail: usize) -> Result<SplitParams, AttnError> {
+pub fn params(dtype: ElementType, p: &FwdParams, s: &AttnShape, splits: usize, workspace: u64, avail: usize) -> Result<SplitParams, AttnError> {
     let (o_bytes, l_bytes) = partials_bytes(s, splits);
     if o_bytes + l_bytes > avail {
         return Err(AttnError::internal(format!(
@@ -216,15 +260,16 @@ pub fn params(p: &FwdParams, s: &AttnShape, splits: usize, workspace: u64, avail
     } else {
         (std::ptr::null_mut(), std::ptr::null_mut())
     };
-    Ok(SplitParams { f: *p, o_part, lse_part, num_splits: splits as i32, row_blocks: split_shape(s).row_blocks as i32 })
+    Ok(SplitParams { f: *p, o_part, lse_part, num_splits: splits as i32, row_blocks: split_shape(dtype, s).row_blocks as i32 })
 }
 
 /// What `status()` says about the split path.
 pub fn summary(setting: Result<SplitSetting, String>) -> String {
     let rules = format!(
-        "split-KV (flash_fwd_split) for f16/bf16 calls without dropout: every decode call (Sq <= {DECODE_MAX_SQ}: \
-         all heads of a GQA group per CTA, K/V read once) and longer calls whose grid leaves SMs idle over >= \
-         {MIN_TILES_LONG} key tiles; splits from the SM count (at most {MAX_SPLITS}), partials merged by a combine pass"
+        "split-KV (flash_fwd_split; f32: simt_fwd_split) for calls without dropout: every decode call (Sq <= \
+         {DECODE_MAX_SQ}: all heads of a GQA group per CTA, K/V read once) and f16/bf16 calls whose grid leaves SMs \
+         idle over >= {MIN_TILES_LONG} key tiles; splits from the SM count (at most {MAX_SPLITS}), partials merged \
+         by a combine pass"
     );
     match setting {
         Ok(SplitSetting::Auto) => format!("{rules} (EXLA_RS_CUDA_SPLITS=auto)"),
@@ -248,7 +293,7 @@ mod tests {
     fn decode_takes_the_split_path_and_fills_the_gpu() {
         // Issue 34's rows: GQA 32/8, D = 128, bf16, H100 (132 SMs).
         let s = shape(8, 1, 32768, 32, 8, 128);
-        let sh = split_shape(&s);
+        let sh = split_shape(BF, &s);
         assert_eq!((sh.row_blocks, sh.base_ctas, sh.key_tiles), (1, 64, 512));
         let n = choose(BF, &s, PLAIN, 132, SplitSetting::Auto).unwrap();
         assert!(n >= 4 && 64 * n <= 2 * 132, "{n} splits");
@@ -259,9 +304,15 @@ mod tests {
         // One sequence, long cache: many splits.
         let s1 = shape(1, 1, 16384, 32, 8, 128);
         assert!(choose(BF, &s1, PLAIN, 132, SplitSetting::Auto).unwrap() >= 16);
-        // Dropout, f32 and empty calls: the non-split forward.
+        // f32 decode: one-warp CTAs of 8 packed rows (the group's 4 heads), 32-key chunks.
+        let sh = split_shape(ElementType::F32, &s);
+        assert_eq!((sh.row_blocks, sh.base_ctas, sh.key_tiles), (1, 64, 1024));
+        let n = choose(ElementType::F32, &s, PLAIN, 132, SplitSetting::Auto).unwrap();
+        assert!((16..=64).contains(&n), "{n} splits"); // 64 CTAs of one warp: a few per SM at least
+        // f32 beyond decode, dropout and empty calls: the non-split forward.
+        assert_eq!(split_limit(ElementType::F32, &shape(1, 1030, 1030, 2, 2, 128)), 0);
         assert_eq!(choose(BF, &s, FeatureSet { masks: false, dropout: true }, 132, SplitSetting::Auto), None);
-        assert_eq!(choose(ElementType::F32, &s, PLAIN, 132, SplitSetting::Auto), None);
+        assert_eq!(choose(ElementType::F32, &s, FeatureSet { masks: false, dropout: true }, 132, SplitSetting::Auto), None);
         assert_eq!(choose(BF, &shape(8, 0, 32, 4, 4, 64), PLAIN, 132, SplitSetting::Auto), None);
         assert_eq!(choose(BF, &s, PLAIN, 132, SplitSetting::Off), None);
     }
@@ -282,14 +333,20 @@ mod tests {
     #[test]
     fn the_workspace_holds_the_most_splits_the_choice_can_take() {
         for s in [shape(8, 1, 32768, 32, 8, 128), shape(1, 16, 300, 4, 1, 64), shape(3, 5, 4000, 6, 2, 256), shape(1, 1030, 1030, 2, 2, 128)] {
-            let limit = split_limit(BF, &s);
-            assert!(limit >= 2, "{s:?}");
-            for sms in [1, 8, 108, 132, 148, 170, 256, 1000] {
-                for setting in [SplitSetting::Auto, SplitSetting::Force(MAX_SPLITS)] {
-                    if let Some(n) = choose(BF, &s, PLAIN, sms, setting) {
-                        assert!(n >= 1 && n <= limit, "{s:?} sms={sms}: {n} > {limit}");
-                        let (o, l) = partials_bytes(&s, n);
-                        assert!(o + l <= workspace_bytes(BF, &s));
+            for dtype in [BF, ElementType::F32] {
+                let limit = split_limit(dtype, &s);
+                if dtype == ElementType::F32 && s.seq_q > DECODE_MAX_SQ {
+                    assert_eq!((limit, workspace_bytes(dtype, &s)), (0, 0));
+                    continue;
+                }
+                assert!(limit >= 2, "{s:?}");
+                for sms in [1, 8, 108, 132, 148, 170, 256, 1000] {
+                    for setting in [SplitSetting::Auto, SplitSetting::Force(MAX_SPLITS)] {
+                        if let Some(n) = choose(dtype, &s, PLAIN, sms, setting) {
+                            assert!(n >= 1 && n <= limit, "{dtype} {s:?} sms={sms}: {n} > {limit}");
+                            let (o, l) = partials_bytes(&s, n);
+                            assert!(o + l <= workspace_bytes(dtype, &s));
+                        }
                     }
                 }
             }
@@ -317,11 +374,13 @@ mod tests {
         let s = shape(3, 3, 777, 8, 2, 0);
         for d in config::HEAD_DIMS {
             let s = AttnShape { head_dim: d, ..s };
-            for dtype in [ElementType::F16, ElementType::BF16] {
+            for dtype in [ElementType::F16, ElementType::BF16, ElementType::F32] {
                 for f in [FeatureSet::PLAIN, FeatureSet { masks: true, dropout: false }] {
                     let p = plan(dtype, &s, f, 5);
                     assert_eq!(p.len(), 2);
-                    assert_eq!(p[0].grid, (5, 2, 3)); // 12 packed rows: one row block
+                    // 12 packed rows: one row block of 64, or two of 8 for f32.
+                    let blocks = if dtype == ElementType::F32 { 10 } else { 5 };
+                    assert_eq!(p[0].grid, (blocks, 2, 3));
                     assert_eq!(p[1].grid, ((3 * 8 * 3usize).div_ceil(4) as u32, 1, 1));
                     for l in p {
                         let file = crate::embedded::find(l.file).unwrap_or_else(|| panic!("no file {}", l.file));
@@ -333,5 +392,8 @@ mod tests {
         let h = include_str!("../../../kernels/flash_fwd_split.cuh");
         assert!(h.contains("kWarps = 4;") && h.contains("kBlockN = D <= 128 ? 64 : 32;"));
         assert!(h.contains("kSmemBytes = (kBlockM * D + 4 * kBlockN * D) * 2;"));
+        let simt = include_str!("../../../kernels/simt.cuh");
+        assert!(simt.contains(&format!("kRows = {SIMT_ROWS};")) && simt.contains(&format!("kThreads = {SIMT_THREADS};")));
+        assert!(simt.contains("smem_bytes(int d) { return kRows * (d + 32) * 4; }"));
     }
 }

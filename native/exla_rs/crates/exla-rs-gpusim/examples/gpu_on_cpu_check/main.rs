@@ -164,7 +164,8 @@ fn all_cases() -> Vec<Case> {
     // each (dtype, D) plain with 3 splits (the combine pass) over a ragged causal cache, and with
     // key_mask, bias and ALiBi (the masks-and-terms images) on the launcher's own split count;
     // blocks of one launch write disjoint partials, which ThreadSanitizer would see otherwise.
-    for dt in [ElementType::F16, ElementType::BF16] {
+    // f32 (simt_fwd_split, one warp per block) the same way.
+    for dt in DTYPES {
         for (i, d) in HEAD_DIMS.into_iter().enumerate() {
             let sk = if d <= 128 { 200 } else { 110 };
             let mut c = Case::new(format!("split_{}_d{d}_decode", dt.name()), dt, shape(2, 1, sk, 4, 2, d));
