@@ -375,10 +375,11 @@ __device__ __forceinline__ void simt_fwd_split(const SplitParams& sp) {
     h_r[r] = hk * grp + pr % grp;
     mask.row_keys(i_r[r], lo_r[r], hi_r[r]);
     if (r >= nr) hi_r[r] = lo_r[r];
-    slope_r[r] = x.alibi_slopes ? x.alibi_slopes[h_r[r]] : 0.f;
+    slope_r[r] = x.alibi_slopes && r < nr ? x.alibi_slopes[h_r[r]] : 0.f;
+    // Padding rows score zeros (never seen, never stored) rather than read a real row's q again.
     const S* qr = static_cast<const S*>(p.q) + (((long long)b * p.seq_q + i_r[r]) * p.heads + h_r[r]) * D;
 #pragma unroll
-    for (int e = 0; e < E; ++e) sq[r * D + lane + 32 * e] = T::to_float(qr[lane + 32 * e]);
+    for (int e = 0; e < E; ++e) sq[r * D + lane + 32 * e] = r < nr ? T::to_float(qr[lane + 32 * e]) : 0.f;
   }
   __syncwarp();
 
