@@ -68,7 +68,7 @@ FA2_TILES = {64: (128, 128), 128: (64, 128), 256: (64, 64)}
 
 def bwd_traits(d):
     """(warps, kBlockM, kBlockN): BwdTraits in kernels/flash_bwd.cuh (config.rs bwd_tc_traits)."""
-    warps = 4 if d <= 192 else 8
+    warps = 8 if d in (64, 128) else (4 if d <= 192 else 8)
     split = 1 if d <= 128 else (2 if d <= 192 else 4)
     return warps, (64 if d <= 96 else 32), 16 * warps // split
 
@@ -132,6 +132,7 @@ def main():
     ap.add_argument("--markdown", action="store_true")
     ap.add_argument("--dtypes", default="bf16,f16", help="comma-separated: bf16, f16 (the tensor-core kernels)")
     ap.add_argument("--only", default="", help="run only the shapes whose name contains this")
+    ap.add_argument("--check", action="store_true", help="exit 1 unless every kernel's bytes equal the model (main read after the per-thread scalars)")
     a = ap.parse_args()
     rows = []
     for dtype in a.dtypes.split(","):
@@ -184,6 +185,13 @@ def main():
                   f"FA2 tiles {FA2_TILES[r['d']]}: Q/dO/lse/delta + dQ {r['fa2']['qdo'] + r['fa2']['lsed'] + r['fa2']['dq']} vs ours {r['m']['qdo'] + r['m']['lsed'] + r['m']['dq']}")
             if r["others"]:
                 print(f"  other kernels: {r['others']}")
+    if a.check:
+        bad = [r["name"] for r in rows
+               if r["pre"] != r["pre_ideal"] or r["conv"] != r["conv_ideal"] or r["others"]
+               or (r["main"][0] - r["scalars"], r["main"][1], r["main"][2]) != r["main_ideal"]]
+        if bad:
+            raise SystemExit(f"bwd_traffic: bytes differ from the model in {bad}")
+        print(f"# bwd_traffic: {len(rows)} calls, every kernel's bytes equal the model", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -130,7 +130,9 @@ step_stats() {
   EXLA_RS_GPUSIM_SANITIZE=stats cargo_gpusim gpu_on_cpu_stats build -p exla-rs-xla --features gpu-on-cpu || return 1
   EXLA_RS_XLA_LIB=$TARGET/gpu_on_cpu_stats/gpusim/libexla_rs_xla.so "$PY" bench/bank_conflicts.py --markdown || return 1
   # Global bytes of decode calls: the split-KV path reads K/V once (issue 34, bench/RESULTS.md).
-  EXLA_RS_XLA_LIB=$TARGET/gpu_on_cpu_stats/gpusim/libexla_rs_xla.so "$PY" bench/decode_traffic.py --markdown
+  EXLA_RS_XLA_LIB=$TARGET/gpu_on_cpu_stats/gpusim/libexla_rs_xla.so "$PY" bench/decode_traffic.py --markdown || return 1
+  # Global bytes of the f16/bf16 backward per kernel against the FA2 schedule (issue 33 part 2).
+  EXLA_RS_XLA_LIB=$TARGET/gpu_on_cpu_stats/gpusim/libexla_rs_xla.so "$PY" bench/bwd_traffic.py --markdown --check
 }
 
 # ---------------------------------------------------------------------------------------------

@@ -24,7 +24,9 @@ struct BwdTraits {
   // D = 256: dK and dV of 16 keys x 128 columns (128 f32 per thread) with S^T, dP^T and the
   // fragments spilled (~72 LDL/STL on sm_90). 8 warps with a 4-way column split hold 64 columns
   // each (220 registers, no spill); the price is that 4 warps recompute the same S^T/dP^T slice.
-  static constexpr int kWarps = D <= 192 ? 4 : 8;
+  // D = 64, 128: 8 warps, 128 keys per block, so Q, dO, lse, delta are read and dQ is added once
+  // per 128 keys (FA2's kBlockN), half what 64-key blocks move through L2 (issue 33).
+  static constexpr int kWarps = (D == 64 || D == 128) ? 8 : (D <= 192 ? 4 : 8);
   static constexpr int kDSplit = D <= 128 ? 1 : (D <= 192 ? 2 : 4);  // warps sharing a 16-key slice
   static constexpr int kBlockN = 16 * kWarps / kDSplit;  // keys per block
   static constexpr int kBlockM = D <= 96 ? 64 : 32;      // queries per step (registers: S^T, dP^T)
@@ -194,11 +196,23 @@ __device__ __forceinline__ void flash_bwd(const BwdParams& p) {
   const ExtraParams& x = p.x;
   // key_mask: one bit per key of the block (warp-uniform). A block whose keys are all hidden has
   // nothing to sweep (dK = dV = 0) and loads nothing.
-  unsigned long long km_bits = ~0ull >> (64 - BN);
+  // Blocks of 128 keys take two 64-key words: km_bits holds the word of this warp's keys.
+  constexpr int kKmW = BN < 64 ? BN : 64;  // keys per word
+  constexpr unsigned long long kKmAll = ~0ull >> (64 - kKmW);
+  const int km_word = ks * 16 / kKmW;
+  unsigned long long km_bits = kKmAll;
+  bool km_full = true;
   const bool has_km = kMasks && x.key_mask != nullptr;
   if (has_km) {
-    km_bits = key_mask_tile_bits<BN>(x, (long long)b * p.seq_k, n0, p.seq_k, lane);
-    if (km_bits == 0) q_lo = q_hi = 0;
+    bool any = false;
+#pragma unroll
+    for (int w = 0; w < BN / kKmW; ++w) {
+      const unsigned long long bits = key_mask_tile_bits<kKmW>(x, (long long)b * p.seq_k, n0 + w * kKmW, p.seq_k, lane);
+      any |= bits != 0;
+      km_full &= bits == kKmAll;
+      if (w == km_word) km_bits = bits;
+    }
+    if (!any) q_lo = q_hi = 0;
   }
   if (q_lo < q_hi) {
     load_tile_async<BN, D, NT>(sK, gK, n0, mask.kv_end, kv_stride, tid);
@@ -214,8 +228,7 @@ __device__ __forceinline__ void flash_bwd(const BwdParams& p) {
   mask.keys_rows(key_a + 8, key_a + 9, qlo[1], qhi[1]);
 #pragma unroll
   for (int r = 0; r < 2; ++r)  // a key hidden by key_mask: no query sees it
-    if (has_km && !((km_bits >> (key_a + 8 * r - n0)) & 1)) qlo[r] = qhi[r] = 0;
-  const bool km_full = km_bits == ~0ull >> (64 - BN);
+    if (has_km && !((km_bits >> (key_a + 8 * r - n0 - km_word * kKmW)) & 1)) qlo[r] = qhi[r] = 0;
   // Any feature that touches the elementwise step (key_mask alone only narrows the intervals);
   // constant false in the plain set, which keeps only the plain step below.
   const bool has_bias = kMasks && x.bias != nullptr, has_alibi = kMasks && x.alibi_slopes != nullptr;

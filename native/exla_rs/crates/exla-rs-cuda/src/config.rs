@@ -230,7 +230,9 @@ pub fn fwd_smem_bytes(d: usize) -> usize {
 
 /// Tensor-core backward tiles (BwdTraits in kernels/flash_bwd.cuh): (warps, block_m, block_n).
 fn bwd_tc_traits(d: usize) -> (usize, usize, usize) {
-    let warps = if d <= 192 { 4 } else { 8 };
+    // D = 64, 128: 8 warps, 128 keys per block (issue 33: Q, dO, lse, delta and the dQ atomics
+    // once per 128 keys instead of 64).
+    let warps = if d == 64 || d == 128 { 8 } else if d <= 192 { 4 } else { 8 };
     let split = if d <= 128 { 1 } else if d <= 192 { 2 } else { 4 };
     let block_n = 16 * warps / split;
     let block_m = if d <= 96 { 64 } else { 32 };
@@ -419,7 +421,8 @@ mod tests {
         let f = forward_plan(ElementType::BF16, &AttnShape { head_dim: 128, ..s }, FeatureSet::PLAIN);
         assert_eq!((f.grid, f.block), ((8, 8, 3), 256));
         let b = backward_plan(ElementType::F16, &AttnShape { head_dim: 64, ..s }, FeatureSet::PLAIN, None);
-        assert_eq!(b[1].grid, (13, 2, 3)); // ceil(777 / 64) key tiles x Hkv x B
+        assert_eq!(b[1].grid, (7, 2, 3)); // ceil(777 / 128) key tiles x Hkv x B
+        assert_eq!(b[1].block, 256);
     }
 
     #[test]
@@ -497,7 +500,7 @@ mod tests {
         assert!(fwd.contains("kBlockN = D <= 128 ? 64 : 32"));
         assert!(fwd.contains("kSmemBytes = (kBlockM * D + 4 * kBlockN * D) * 2"));
         let bwd = include_str!("../../../kernels/flash_bwd.cuh");
-        assert!(bwd.contains("kWarps = D <= 192 ? 4 : 8;"));
+        assert!(bwd.contains("kWarps = (D == 64 || D == 128) ? 8 : (D <= 192 ? 4 : 8);"));
         assert!(bwd.contains("kDSplit = D <= 128 ? 1 : (D <= 192 ? 2 : 4);"));
         assert!(bwd.contains("kBlockM = D <= 96 ? 64 : 32"));
         assert!(bwd.contains("(2 * kBlockN * D + 2 * kBlockM * D + kBlockN * kBlockM) * 2 + 2 * kBlockM * 4 + kBlockN * 4;"));

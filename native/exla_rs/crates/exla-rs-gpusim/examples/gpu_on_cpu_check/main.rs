@@ -87,9 +87,12 @@ fn bwd_rows(d: usize) -> usize {
     }
 }
 
-/// Keys: past one key tile of the forward and the backward (64 keys up to D = 128, 32 above).
+/// Keys: past one key tile of the forward and the backward (64 keys up to D = 128, 32 above; the
+/// backward's key blocks hold 128 at D = 64 and 128, so two of its blocks add into one dq row).
 fn keys(d: usize) -> usize {
-    if d <= 128 {
+    if d == 64 || d == 128 {
+        130
+    } else if d <= 128 {
         70
     } else {
         40
