@@ -574,9 +574,13 @@ def test_key_mask_tile_gaps_and_nonfinite_values_at_hidden_keys(d, dt):
     x = make(Case("tile_gaps", b, sq, sk, h, hkv, d, q_start="zero"), DTYPES[dt], seed())
     ctx = f"seed={x.seed} d={d} {dt}"
     key_mask = np.ones((b, sk), np.uint8 if d == 64 else np.int16)  # 1- and 2-byte mask loads
-    key_mask[0, 64:128] = 0  # key tiles 64.. (BN 64) or 64.., 96.. (BN 32) between visible ones
+    # Forward key tiles 64.. (BN 64) or 64.., 96.. (BN 32) hidden between visible ones; the
+    # backward's key block 0..127 (BN 128 at D = 64/128) half hidden, 64.. or 64.., 96.. (BN 64/32) whole.
+    key_mask[0, 64:128] = 0
     key_mask[0, [5, 150]] = 0
-    key_mask[1, 0:128] = 0  # the first visible tile comes after 2 (BN 64) or 4 (BN 32) hidden ones
+    # The first visible forward tile after 2 (BN 64) or 4 (BN 32) hidden ones; the backward's first
+    # block of 128 keys (D = 64/128) wholly hidden.
+    key_mask[1, 0:128] = 0
     key_mask[1, 195] = 0
     bias = np.random.default_rng(x.seed + 3).standard_normal((b, 1, 1, sk)).astype(np.float32)
     bias[0, 0, 0, 20] = bias[1, 0, 0, 140] = -np.inf
