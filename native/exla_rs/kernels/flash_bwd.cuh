@@ -195,24 +195,30 @@ __device__ __forceinline__ void flash_bwd(const BwdParams& p) {
   mask.keys_rows(n0, n0 + BN, q_lo, q_hi);
   const ExtraParams& x = p.x;
   // key_mask: one bit per key of the block (warp-uniform). A block whose keys are all hidden has
-  // nothing to sweep (dK = dV = 0) and loads nothing.
-  // Blocks of 128 keys take two 64-key words: km_bits holds the word of this warp's keys.
+  // nothing to sweep (dK = dV = 0) and loads nothing. Blocks of 128 keys (D = 64/128) take two
+  // 64-key words: km_bits holds the word of this warp's keys. Blocks of up to 64 keys keep the one
+  // word and its late full test: the extra flags cost the D = 192 masked sets spills on sm_90.
   constexpr int kKmW = BN < 64 ? BN : 64;  // keys per word
   constexpr unsigned long long kKmAll = ~0ull >> (64 - kKmW);
-  const int km_word = ks * 16 / kKmW;
+  const int km_word = BN <= 64 ? 0 : ks * 16 / kKmW;
   unsigned long long km_bits = kKmAll;
-  bool km_full = true;
+  bool km_full = true;  // (BN <= 64: set below, from km_bits)
   const bool has_km = kMasks && x.key_mask != nullptr;
   if (has_km) {
-    bool any = false;
+    if constexpr (BN <= 64) {
+      km_bits = key_mask_tile_bits<BN>(x, (long long)b * p.seq_k, n0, p.seq_k, lane);
+      if (km_bits == 0) q_lo = q_hi = 0;
+    } else {
+      bool any = false;
 #pragma unroll
-    for (int w = 0; w < BN / kKmW; ++w) {
-      const unsigned long long bits = key_mask_tile_bits<kKmW>(x, (long long)b * p.seq_k, n0 + w * kKmW, p.seq_k, lane);
-      any |= bits != 0;
-      km_full &= bits == kKmAll;
-      if (w == km_word) km_bits = bits;
+      for (int w = 0; w < BN / kKmW; ++w) {
+        const unsigned long long bits = key_mask_tile_bits<kKmW>(x, (long long)b * p.seq_k, n0 + w * kKmW, p.seq_k, lane);
+        any |= bits != 0;
+        km_full &= bits == kKmAll;
+        if (w == km_word) km_bits = bits;
+      }
+      if (!any) q_lo = q_hi = 0;
     }
-    if (!any) q_lo = q_hi = 0;
   }
   if (q_lo < q_hi) {
     load_tile_async<BN, D, NT>(sK, gK, n0, mask.kv_end, kv_stride, tid);
@@ -229,6 +235,7 @@ __device__ __forceinline__ void flash_bwd(const BwdParams& p) {
 #pragma unroll
   for (int r = 0; r < 2; ++r)  // a key hidden by key_mask: no query sees it
     if (has_km && !((km_bits >> (key_a + 8 * r - n0 - km_word * kKmW)) & 1)) qlo[r] = qhi[r] = 0;
+  if constexpr (BN <= 64) km_full = km_bits == kKmAll;
   // Any feature that touches the elementwise step (key_mask alone only narrows the intervals);
   // constant false in the plain set, which keeps only the plain step below.
   const bool has_bias = kMasks && x.bias != nullptr, has_alibi = kMasks && x.alibi_slopes != nullptr;
