@@ -46,9 +46,9 @@ class Mutation:
 MUTATIONS = [
     Mutation(
         "syncthreads_removed", "flash_fwd.cuh",
-        "    __syncthreads();  // this stage is reloaded by the next iteration's prefetch\n", "",
+        "      __syncthreads();  // this stage is reloaded by the next iteration's prefetch\n", "",
         "bf16_d128_tall_fwd", (RACE,),
-        "mma.sync forward: the barrier before the next tile's cp.async reuses the stage",
+        "mma.sync forward (interior key loop): the barrier before the next tile's cp.async reuses the stage",
     ),
     Mutation(
         "syncthreads_removed_after_mbarrier_init", "sm90/flash_fwd_sm90.cuh",
@@ -58,9 +58,9 @@ MUTATIONS = [
     ),
     Mutation(
         "cp_async_wait_removed", "flash_fwd.cuh",
-        "    cp_async_commit();\n    cp_async_wait<1>();\n", "    cp_async_commit();\n",
+        "      cp_async_commit();\n      cp_async_wait<1>();\n", "      cp_async_commit();\n",
         "f16_d64", (INITCHECK, RACE, MISMATCH),
-        "mma.sync forward: the tile is read before its cp.async group has landed",
+        "mma.sync forward (interior key loop): the tile is read before its cp.async group has landed",
     ),
     Mutation(
         "mbarrier_wait_removed", "sm90/flash_fwd_sm90.cuh",
@@ -70,7 +70,7 @@ MUTATIONS = [
     ),
     Mutation(
         "output_rows_overlap_next_block", "flash_fwd.cuh",
-        "    int row = m0 + warp * 16 + r;\n", "    int row = m0 + warp * 16 + r - (m0 > 0);\n",
+        "    int row = m0 + warp * WM + r;\n", "    int row = m0 + warp * WM + r - (m0 > 0);\n",
         # Blocks run in index order here, so the later block's store wins and the result could be
         # anything; only ThreadSanitizer, with blocks unordered, must name it first.
         "bf16_d64_tall_fwd", (RACE,),
@@ -78,8 +78,8 @@ MUTATIONS = [
     ),
     Mutation(
         "smem_index_off_by_a_row", "flash_fwd.cuh",
-        "ldmatrix_x4(a, sQ + SwQ::off(warp * 16 + (lane & 15), kk * 16 + (lane >> 4) * 8));",
-        "ldmatrix_x4(a, sQ + SwQ::off(warp * 16 + ((lane + 1) & 15), kk * 16 + (lane >> 4) * 8));",
+        "const unsigned q_ld = sQa + q_ld_off<BM, D>(warp * WM, lane);",
+        "const unsigned q_ld = sQa + q_ld_off<BM, D>(warp * WM + 1, lane);",
         "bf16_d64", (MISMATCH,),
         "mma.sync forward: the Q fragment's shared-memory row is off by one",
     ),

@@ -107,7 +107,9 @@ step "GPU check script on the CPU (a hung test named)" "$EXLA_RS_VENVS/jax-0.10.
 # so no optional feature and no change taxes the common path unnoticed (#26). One cuobjdump pass.
 # --check-regpool: every setmaxnreg kernel's producer/consumer split fits its launch register pool
 # (REG x threads from the cubin); one that does not hangs every launch (#32, D = 256 on an H200).
-step "CUDA kernels: SASS statistics, no spills, plain set within budget" "$EXLA_RS_VENVS/jax-0.10.2/bin/python" native/exla_rs/kernels/sass_stats.py --check-spills --check --check-regpool
+# --check-loop: the plain sets' key loops (the loop holding the most HMMA) within their
+# instructions and integer ops per HMMA (#33); --loop prints their mix.
+step "CUDA kernels: SASS statistics, no spills, plain set and key loops within budget" "$EXLA_RS_VENVS/jax-0.10.2/bin/python" native/exla_rs/kernels/sass_stats.py --loop --check-spills --check --check-loop --check-regpool
 # The CUDA kernels themselves, executed on the CPU with the GPU's semantics (issue 22): test/gpu
 # through real XLA for the mma.sync and the sm90 kernel sets, and the harness that launches every
 # kernel image under ThreadSanitizer and AddressSanitizer (the script prints each part's time).

@@ -224,6 +224,20 @@ struct Mask {
     lo = (int)(a < b ? a : 0);
     hi = (int)(a < b ? b : 0);
   }
+  // The key tiles of BN keys that tile_full calls full for rows [r0, r1), as one range [lo, hi)
+  // inside [n_first, n_last) (n_last, n_last when none): a tile is full iff its first key is at or
+  // past every row's window start and its end at or before kv_end and every row's window end, and
+  // both bounds are monotone in the row.
+  EXLA_RS_DEVICE void full_tiles(int r0, int r1, int bn, int n_first, int n_last, int& lo, int& hi) const {
+    long long a = wl < 0 ? 0 : q_start + (r1 - 1) - wl;                // n0 >= a
+    long long z = wr < 0 ? (long long)kv_end : q_start + r0 + wr + 1;  // n1 <= z
+    if (z > kv_end) z = kv_end;
+    if (a < 0) a = 0;
+    const long long t_lo = (a + bn - 1) / bn, t_hi = z < 0 ? 0 : z / bn;
+    lo = (int)(t_lo > n_first ? t_lo : n_first);
+    hi = (int)(t_hi < n_last ? t_hi : n_last);
+    if (lo >= hi) lo = hi = n_last;
+  }
   // True when every (row in [r0, r1), key in [n0, n1)) pair is visible: no per-element test needed.
   EXLA_RS_DEVICE bool tile_full(int r0, int r1, int n0, int n1) const {
     return n1 <= kv_end && (wl < 0 || (long long)n0 >= q_start + (r1 - 1) - wl) &&
@@ -256,6 +270,10 @@ using ptx::cp_async_commit;
 using ptx::cp_async_wait;
 using ptx::ldmatrix_x4;
 using ptx::ldmatrix_x4_trans;
+using ptx::ldsm_x4;
+using ptx::ldsm_x4_trans;
+using ptx::cp_async16_s;
+using ptx::smem_u32;
 
 // The 16-byte chunk `c` of a [ROWS, D] Swz tile that a loop striding over every chunk copies,
 // so that the 8 lanes of one 128-byte shared-memory phase hit all 32 banks once. Row-major does
@@ -316,5 +334,27 @@ EXLA_RS_DEVICE void load_tile_async(unsigned short* s, const unsigned short* g, 
     }
   }
 }
+
+// The interior key loop's tile copy: every row real, the thread's column fixed (kChunks divides
+// the thread count, rows step by kStep). `src` is the thread's source in the tile's first row
+// (+ r0 rows, + col) and comes back advanced by ROWS rows, at the next tile: the loop carries one
+// pointer per tensor and a 64-bit add per chunk. `dst` = tile + thread_dst_off.
+template <int ROWS, int D, int NTHREADS>
+struct RowCopy {
+  static constexpr int kChunks = D / 8, kStep = NTHREADS / kChunks;
+  static constexpr bool kFits = NTHREADS % kChunks == 0 && ROWS % kStep == 0 && kStep % 8 == 0;
+  static EXLA_RS_DEVICE int r0(int tid) { return tid / kChunks; }
+  static EXLA_RS_DEVICE int col(int tid) { return (tid % kChunks) * 8; }
+  static EXLA_RS_DEVICE unsigned thread_dst_off(int tid) { return 2u * (unsigned)Swz<ROWS, D>::off(r0(tid), col(tid)); }
+  // kStep a multiple of 8: every row the thread copies has its first row's swizzle.
+  static EXLA_RS_DEVICE void copy(unsigned dst, const unsigned short*& src, long long step) {
+    static_assert(kFits, "RowCopy: the thread count does not split the tile into whole 8-row steps");
+#pragma unroll
+    for (int i = 0; i < ROWS / kStep; ++i) {
+      cp_async16_s(dst + 2u * (unsigned)(i * kStep * Swz<ROWS, D>::W), src, 16);
+      src += step;
+    }
+  }
+};
 
 }  // namespace exla_rs

@@ -11,12 +11,18 @@
 namespace exla_rs {
 
 // Tile shapes per head dim. Shared memory = Q tile + 2 stages of (K, V) tiles, kept <= 96 KiB so
-// every instantiation also runs on sm_86/sm_89 (99 KiB per block). Mirrored in the Rust launcher
-// (crates/exla-rs-cuda/src/config.rs): change both.
+// every instantiation also runs on sm_86/sm_89 (99 KiB per block). Up to D = 64 a warp owns 32
+// query rows (kRowFrags = 2 m16 fragments: each K/V fragment from ldmatrix feeds 4 mma, half the
+// shared-memory reads per mma of 16-row warps), above it 16: at D = 128 the 32 rows' O
+// accumulators (128 registers) with the tile's scores left ptxas no room for the loop's
+// addresses (it spilled 4-64 bytes on sm_80/sm_90 however the interior loop was cut, 2026-11-27),
+// and D = 96 spilled 16 bytes.
+// Mirrored in the Rust launcher (crates/exla-rs-cuda/src/config.rs): change both.
 template <int D>
 struct FwdTraits {
-  static constexpr int kWarps = D <= 192 ? 8 : 4;
-  static constexpr int kBlockM = 16 * kWarps;
+  static constexpr int kRowFrags = D <= 64 ? 2 : 1;
+  static constexpr int kWarps = D <= 64 ? 4 : (D <= 192 ? 8 : 4);
+  static constexpr int kBlockM = 16 * kRowFrags * kWarps;
   static constexpr int kBlockN = D <= 128 ? 64 : 32;
   static constexpr int kThreads = 32 * kWarps;
   static constexpr int kSmemBytes = (kBlockM * D + 4 * kBlockN * D) * 2;
@@ -90,19 +96,33 @@ EXLA_RS_DEVICE void dropout_tile(float (&s)[BN / 8][4], const Dropout& dr, int b
 
 // F: the feature set (kFeatMasks | kFeatDropout bits, extras.cuh); a clear bit compiles its
 // feature out.
+//
+// Two key loops. The interior loop takes the tiles every row of the block sees entirely (no mask
+// test, no non-finite-V guard, unpredicated loads), when the call has nothing that works per
+// element besides the softmax (no softcap, key_mask, bias, ALiBi; scale > 0, which lets the scale
+// fold into the exp2): its body is Q K^T, the online softmax, (dropout,) P V and the next tile's
+// cp.async. The general loop takes every other tile: those straddling a mask bound (the causal
+// diagonal, window edges, kv_len), and every tile of a call with those features. The general
+// tiles run first (the tail straddling tiles, then the head ones), the interior ones last: the
+// online softmax does not depend on the order, and the two loops stay disjoint.
 template <class T, int D, int F>
 __device__ __forceinline__ void flash_fwd(const FwdParams& p) {
   constexpr bool kMasks = F & kFeatMasks, kDrop = F & kFeatDropout;
   using Tr = FwdTraits<D>;
-  constexpr int BM = Tr::kBlockM, BN = Tr::kBlockN, NT = Tr::kThreads;
+  constexpr int BM = Tr::kBlockM, BN = Tr::kBlockN, NT = Tr::kThreads, MF = Tr::kRowFrags, WM = 16 * MF;
+  constexpr int kParts = MF == 2 ? 2 : 1, NK = BN / kParts;  // the general loop's steps per tile, keys per step
+  constexpr int kLeanParts = 1;                               // the interior loop's
   using SwQ = Swz<BM, D>;
   using SwK = Swz<BN, D>;
   if (blockDim.x != NT) __trap();  // the launcher's table disagrees with this file
 
   EXLA_RS_DYNAMIC_SMEM(smem_raw, 128);
   unsigned short* sQ = reinterpret_cast<unsigned short*>(smem_raw);
-  unsigned short* sK = sQ + BM * D;       // [2][BN * D]
-  unsigned short* sV = sK + 2 * BN * D;   // [2][BN * D]
+  unsigned short* sK = sQ + BM * D;      // [2][BN * D]
+  unsigned short* sV = sK + 2 * BN * D;  // [2][BN * D]
+  // 32-bit shared addresses: Q, then 2 stages of K, then 2 of V; a stage is kStage bytes on.
+  constexpr unsigned kStage = BN * D * 2;
+  const unsigned sQa = smem_u32(smem_raw), sKa = sQa + BM * D * 2, sVa = sKa + 2 * kStage;
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int g = lane >> 2, tig = lane & 3;  // mma fragment row group / thread in group
@@ -115,8 +135,6 @@ __device__ __forceinline__ void flash_fwd(const FwdParams& p) {
   const unsigned short* gQ = static_cast<const unsigned short*>(p.q) + ((long long)b * p.seq_q * p.heads + h) * D;
   const unsigned short* gK = static_cast<const unsigned short*>(p.k) + ((long long)b * p.seq_k * p.kv_heads + hk) * D;
   const unsigned short* gV = static_cast<const unsigned short*>(p.v) + ((long long)b * p.seq_k * p.kv_heads + hk) * D;
-  unsigned short* gO = static_cast<unsigned short*>(p.o) + ((long long)b * p.seq_q * p.heads + h) * D;
-  float* gL = p.lse + ((long long)b * p.heads + h) * p.seq_q;
 
   int k_lo, k_hi;
   mask.rows_keys(m0, m_end, k_lo, k_hi);
@@ -127,79 +145,82 @@ __device__ __forceinline__ void flash_fwd(const FwdParams& p) {
   const ExtraParams& x = p.x;
   const bool has_km = kMasks && x.key_mask != nullptr;
   const bool has_bias = kMasks && x.bias != nullptr;
+  const bool has_alibi = kMasks && x.alibi_slopes != nullptr;
   const bool has_drop = kDrop && x.dropout_key != nullptr;
   const long long km_row = (long long)b * p.seq_k;
-  // The next tile from n on that key_mask does not hide entirely (n_last if none), and its mask
-  // bits (the tile's BN bits all set without key_mask). A hidden tile is never loaded.
+
+  // The interior tiles [i_lo, i_hi) (empty: both n_last, and then the general loop takes
+  // [n_first, n_last) in order).
+  int i_lo = n_last, i_hi = n_last;
+  const bool lean = !has_km && !has_bias && !has_alibi && !(p.softcap > 0.f) && p.scale > 0.f;
+  if (lean) mask.full_tiles(m0, m0 + BM, BN, n_first, n_last, i_lo, i_hi);
+  // The general loop's tiles in order: the tail [i_hi, n_last) (empty unless there is an interior),
+  // then the head [n_first, i_lo); then the interior. With key_mask, the next head tile it does not
+  // hide entirely, and its mask bits (the tile's BN bits all set without key_mask): a hidden tile
+  // is never loaded. n_last: no tile left.
   constexpr unsigned long long kAllKeys = ~0ull >> (64 - BN);
-  auto next_tile = [&](int n, unsigned long long& bits) {
+  auto next_head = [&](int n, unsigned long long& bits) {
     bits = kAllKeys;
     if (has_km)
-      for (; n < n_last; ++n)
+      for (; n < i_lo; ++n)
         if ((bits = key_mask_tile_bits<BN>(x, km_row, n * BN, p.seq_k, lane)) != 0) break;
-    return n;
+    return n < i_lo ? n : i_lo < i_hi ? i_lo : n_last;
+  };
+  auto next_general = [&](int n, unsigned long long& bits) {  // the tile after general tile n
+    if (n >= i_hi) {  // in the tail
+      bits = kAllKeys;
+      if (n + 1 < n_last) return n + 1;
+      return next_head(n_first, bits);
+    }
+    return next_head(n + 1, bits);
   };
   unsigned long long km_bits;
-  const int n_start = next_tile(n_first, km_bits);
+  int n = i_hi < n_last ? i_hi : next_head(n_first, km_bits);
+  if (i_hi < n_last) km_bits = kAllKeys;
 
-  // Per thread: rows r = warp*16 + g (+8); O accumulators for D/8 column tiles of 8.
-  float acc_o[D / 8][4];
+  // Per thread: rows warp * WM + 16 mf + g (+ 8); O accumulators for D/8 column tiles of 8.
+  float acc_o[MF][D / 8][4];
 #pragma unroll
-  for (int i = 0; i < D / 8; ++i) acc_o[i][0] = acc_o[i][1] = acc_o[i][2] = acc_o[i][3] = 0.f;
-  float row_max[2] = {neg_inf(), neg_inf()};  // running max of s * log2(e)
-  float row_sum[2] = {0.f, 0.f};              // this thread's share of the running sum
+  for (int mf = 0; mf < MF; ++mf)
+#pragma unroll
+    for (int i = 0; i < D / 8; ++i) acc_o[mf][i][0] = acc_o[mf][i][1] = acc_o[mf][i][2] = acc_o[mf][i][3] = 0.f;
+  float row_max[2 * MF], row_sum[2 * MF];  // running max of s * log2(e); this thread's share of the running sum
+#pragma unroll
+  for (int rr = 0; rr < 2 * MF; ++rr) row_max[rr] = neg_inf(), row_sum[rr] = 0.f;
 
-  if (n_start < n_last) {
+  if (n < n_last) {
     load_tile_async<BM, D, NT>(sQ, gQ, m0, p.seq_q, q_stride, tid);
-    load_tile_async<BN, D, NT>(sK, gK, n_start * BN, mask.kv_end, kv_stride, tid);
-    load_tile_async<BN, D, NT>(sV, gV, n_start * BN, mask.kv_end, kv_stride, tid);
+    load_tile_async<BN, D, NT>(sK, gK, n * BN, mask.kv_end, kv_stride, tid);
+    load_tile_async<BN, D, NT>(sV, gV, n * BN, mask.kv_end, kv_stride, tid);
     cp_async_commit();
   }
   const float scale_log2 = p.scale * kLog2e;
-  const int row_a = m0 + warp * 16 + g;  // this thread's two query rows: row_a, row_a + 8
-  // Their visible keys, one interval each, found once: a straddling tile then tests each element
-  // with one bit of a tile-relative mask of it (bit_range) instead of the 64-bit window predicate.
-  int lo_r[2], hi_r[2];
-  mask.row_keys(row_a, lo_r[0], hi_r[0]);
-  mask.row_keys(row_a + 8, lo_r[1], hi_r[1]);
+  const int row_a = m0 + warp * WM + g;  // this thread's rows: row_a + 16 mf + 8 r
+  // The thread's ldmatrix addresses (stage 0); the stage adds st, 0 or kStage.
+  const unsigned q_ld = sQa + q_ld_off<BM, D>(warp * WM, lane);
+  const unsigned k_ld = sKa + k_ld_off<BN, D>(lane), v_ld = sVa + v_ld_off<BN, D>(lane);
+  unsigned st = 0;
 
-  for (int n = n_start, it = 0; n < n_last; ++it) {
-    const int stage = it & 1;
+  // General loop. The rows' visible keys, one interval each, found once: a straddling tile then
+  // tests each element with one bit of a tile-relative mask of it (bit_range) instead of the
+  // 64-bit window predicate.
+  int lo_r[2 * MF], hi_r[2 * MF];
+#pragma unroll
+  for (int rr = 0; rr < 2 * MF; ++rr) mask.row_keys(row_a + 16 * (rr >> 1) + 8 * (rr & 1), lo_r[rr], hi_r[rr]);
+  while (n < n_last && !(n >= i_lo && n < i_hi)) {
     unsigned long long km_bits_next;
-    const int n_next = next_tile(n + 1, km_bits_next);
+    const int n_next = next_general(n, km_bits_next);
     if (n_next < n_last) {  // prefetch the next tile into the other stage while this one computes
-      load_tile_async<BN, D, NT>(sK + (stage ^ 1) * BN * D, gK, n_next * BN, mask.kv_end, kv_stride, tid);
-      load_tile_async<BN, D, NT>(sV + (stage ^ 1) * BN * D, gV, n_next * BN, mask.kv_end, kv_stride, tid);
+      load_tile_async<BN, D, NT>(sK + (st ^ kStage) / 2, gK, n_next * BN, mask.kv_end, kv_stride, tid);
+      load_tile_async<BN, D, NT>(sV + (st ^ kStage) / 2, gV, n_next * BN, mask.kv_end, kv_stride, tid);
     }
     cp_async_commit();
     cp_async_wait<1>();
     __syncthreads();
-    const unsigned short* sKs = sK + stage * BN * D;
-    const unsigned short* sVs = sV + stage * BN * D;
-
-    // S = Q K^T for this warp's 16 rows and the BN keys of the tile.
-    float s[BN / 8][4];
-#pragma unroll
-    for (int i = 0; i < BN / 8; ++i) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
-    tile_qk<T, BN, D, SwQ, SwK>(s, sQ, sKs, warp, lane);
-
-    // Scores in the log2 domain; masked entries -inf (only tiles that straddle a bound test).
+    const unsigned short* sVs = reinterpret_cast<const unsigned short*>(smem_raw + (BM * D * 2 + 2 * kStage) + st);
     const int n0 = n * BN;
     // full: every element of the tile is visible (no key_mask hole either): no per-element test.
     const bool full = mask.tile_full(m0, m0 + BM, n0, n0 + BN) && (!has_km || km_bits == kAllKeys);
-    tile_scores_log2<BN>(s, p, scale_log2);
-    // Bias and ALiBi after scale and softcap, before the masks: a hidden element becomes -inf
-    // whatever its bias (NaN included).
-    if (has_bias) {  // one loop per dtype, no per-element switch (and no generic lambda: NVRTC rejects it)
-      if (x.bias_dtype == 0)
-        add_bias_tile<BN, BiasF32>(s, p, b, h, row_a, n0, tig, mask.kv_end);
-      else if (x.bias_dtype == 1)
-        add_bias_tile<BN, BiasF16>(s, p, b, h, row_a, n0, tig, mask.kv_end);
-      else
-        add_bias_tile<BN, BiasBF16>(s, p, b, h, row_a, n0, tig, mask.kv_end);
-    }
-    if (kMasks && x.alibi_slopes != nullptr) add_alibi_tile<BN>(s, -x.alibi_slopes[h] * kLog2e, mask.q_start + row_a, n0, tig);
-    if (!full) tile_hide_invisible<BN>(s, lo_r, hi_r, n0, tig, km_bits, has_km);
 
     // A straddling tile holds keys that some of the block's rows must not see. P is exactly 0 there,
     // but the mma still multiplies it by V, and 0 * inf = NaN. So on such tiles (and only when the
@@ -209,54 +230,147 @@ __device__ __forceinline__ void flash_fwd(const FwdParams& p) {
     // need none of this: every row sees every key, so the natural propagation is the right one.
     // A bias of -inf hides elements of any tile the same way: then every tile takes this path.
     if ((!full || has_bias) && tile_v_nonfinite<T, BN, D, NT>(sVs, tid)) {
-      tile_mark_nonfinite_v<T, BN, D, SwK>(acc_o, sVs, lo_r, hi_r, n0, tig, km_bits, has_km, has_bias, [&](int r, int key) {
-        return row_a + 8 * r < p.seq_q && bias_load(x.bias, x.bias_dtype, bias_offset(x, b, h, row_a + 8 * r, key)) == neg_inf();
+      tile_mark_nonfinite_v<T, MF, BN, D, SwK>(acc_o, sVs, lo_r, hi_r, n0, tig, km_bits, has_km, has_bias, [&](int rr, int key) {
+        const int row = row_a + 16 * (rr >> 1) + 8 * (rr & 1);
+        return row < p.seq_q && bias_load(x.bias, x.bias_dtype, bias_offset(x, b, h, row, key)) == neg_inf();
       });
       tile_v_zero_nonfinite<T, BN, D, NT>(sVs, tid);
     }
 
-    tile_online_softmax<BN, D>(s, row_max, row_sum, acc_o);
-    if (has_drop) dropout_tile<BN>(s, Dropout::load(x), b, h, row_a, n0, tig);
-    tile_pv<T, BN, D, SwK>(acc_o, s, sVs, lane);
+    // The tile in kParts parts of NK keys (a rolled loop): with 32-row warps the scores of a whole
+    // tile next to the masks' and features' state would not fit in registers.
+#pragma unroll 1
+    for (int part = 0; part < kParts; ++part) {
+      const int p0 = n0 + part * NK;
+      const unsigned part_off = st + part * NK * 2 * SwK::W;  // NK rows on: the same row swizzle
+      // S = Q K^T for this warp's rows and the NK keys of the part.
+      float s[MF][NK / 8][4];
+#pragma unroll
+      for (int mf = 0; mf < MF; ++mf)
+#pragma unroll
+        for (int i = 0; i < NK / 8; ++i) s[mf][i][0] = s[mf][i][1] = s[mf][i][2] = s[mf][i][3] = 0.f;
+      tile_qk<T, MF, BM, BN, D, NK>(s, q_ld, k_ld + part_off);
+
+      // Scores in the log2 domain; masked entries -inf (only tiles that straddle a bound test).
+      tile_scores_log2<MF, NK>(s, p, scale_log2);
+      // Bias and ALiBi after scale and softcap, before the masks: a hidden element becomes -inf
+      // whatever its bias (NaN included).
+#pragma unroll
+      for (int mf = 0; mf < MF; ++mf) {
+        if (has_bias) {  // one loop per dtype, no per-element switch (and no generic lambda: NVRTC rejects it)
+          if (x.bias_dtype == 0)
+            add_bias_tile<NK, BiasF32>(s[mf], p, b, h, row_a + 16 * mf, p0, tig, mask.kv_end);
+          else if (x.bias_dtype == 1)
+            add_bias_tile<NK, BiasF16>(s[mf], p, b, h, row_a + 16 * mf, p0, tig, mask.kv_end);
+          else
+            add_bias_tile<NK, BiasBF16>(s[mf], p, b, h, row_a + 16 * mf, p0, tig, mask.kv_end);
+        }
+        if (has_alibi) add_alibi_tile<NK>(s[mf], -x.alibi_slopes[h] * kLog2e, mask.q_start + row_a + 16 * mf, p0, tig);
+      }
+      if (!full) tile_hide_invisible<MF, NK>(s, lo_r, hi_r, p0, tig, km_bits >> (part * NK), has_km);
+
+      tile_online_softmax<MF, NK, D, false>(s, row_max, row_sum, acc_o, scale_log2);
+      if (has_drop)
+#pragma unroll
+        for (int mf = 0; mf < MF; ++mf) dropout_tile<NK>(s[mf], Dropout::load(x), b, h, row_a + 16 * mf, p0, tig);
+      tile_pv<T, MF, BN, D, NK>(acc_o, s, v_ld + part_off);
+    }
     __syncthreads();  // this stage is reloaded by the next iteration's prefetch
     n = n_next;
     km_bits = km_bits_next;
+    st ^= kStage;
   }
 
-  // Epilogue: O / l and lse; rows nobody sees get o = 0, lse = -inf.
+  // Interior loop: tiles [n, i_hi), every key visible to every row of the block (so below kv_end:
+  // unpredicated loads), in order; nothing follows them.
+  {
+    using Copy = RowCopy<BN, D, NT>;
+    // The thread's sources in the next tile (RowCopy advances them a tile per copy).
+    const long long src_off = (long long)((n + 1) * BN + Copy::r0(tid)) * kv_stride + Copy::col(tid);
+    const unsigned short* gKt = gK + src_off;
+    const unsigned short* gVt = gV + src_off;
+    const long long step = Copy::kStep * kv_stride;
+    const unsigned k_dst = sKa + Copy::thread_dst_off(tid), v_dst = sVa + Copy::thread_dst_off(tid);
+    // Counted down: the loop carries no tile bound (registers are at their limit here).
+    for (int left = i_hi - n; left > 0; --left, ++n) {
+      if (left > 1) {
+        if constexpr (Copy::kFits) {
+          Copy::copy(k_dst + (st ^ kStage), gKt, step);
+          Copy::copy(v_dst + (st ^ kStage), gVt, step);
+        } else {
+          load_tile_async<BN, D, NT>(sK + (st ^ kStage) / 2, gK, (n + 1) * BN, mask.kv_end, kv_stride, tid);
+          load_tile_async<BN, D, NT>(sV + (st ^ kStage) / 2, gV, (n + 1) * BN, mask.kv_end, kv_stride, tid);
+        }
+      }
+      cp_async_commit();
+      cp_async_wait<1>();
+      __syncthreads();
+      // (kLeanParts > 1 would cut the tile into parts of NKL keys, each with its own softmax
+      // step, for register room: no tile shape needs it now.)
+#pragma unroll
+      for (int part = 0; part < kLeanParts; ++part) {
+        constexpr int NKL = BN / kLeanParts;
+        const unsigned part_off = st + part * NKL * 2 * SwK::W;
+        float s[MF][NKL / 8][4];
+#pragma unroll
+        for (int mf = 0; mf < MF; ++mf)
+#pragma unroll
+          for (int i = 0; i < NKL / 8; ++i) s[mf][i][0] = s[mf][i][1] = s[mf][i][2] = s[mf][i][3] = 0.f;
+        tile_qk<T, MF, BM, BN, D, NKL>(s, q_ld, k_ld + part_off);
+        tile_online_softmax<MF, NKL, D, true>(s, row_max, row_sum, acc_o, scale_log2);
+        if (has_drop)
+#pragma unroll
+          for (int mf = 0; mf < MF; ++mf) dropout_tile<NKL>(s[mf], Dropout::load(x), b, h, row_a + 16 * mf, n * BN + part * NKL, tig);
+        tile_pv<T, MF, BN, D, NKL>(acc_o, s, v_ld + part_off);
+      }
+      __syncthreads();  // this stage is reloaded by the next iteration's prefetch
+      st ^= kStage;
+    }
+  }
+
+  // Epilogue: O / l and lse; rows nobody sees get o = 0, lse = -inf. (The output addresses are
+  // found here, not before the loops: they would hold registers through them.)
+  unsigned short* gO = static_cast<unsigned short*>(p.o) + ((long long)b * p.seq_q * p.heads + h) * D;
+  float* gL = p.lse + ((long long)b * p.heads + h) * p.seq_q;
   // With dropout, kept entries are scaled by 1 / (1 - rate): folded into 1 / l.
   const float o_scale = has_drop ? x.dropout_scale : 1.f;
-  float inv[2], lse[2];
+  float inv[2 * MF], lse[2 * MF];
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    float l = row_sum[r];
+  for (int rr = 0; rr < 2 * MF; ++rr) {
+    float l = row_sum[rr];
     l += __shfl_xor_sync(0xffffffffu, l, 1);
     l += __shfl_xor_sync(0xffffffffu, l, 2);
-    inv[r] = l > 0.f ? o_scale / l : 0.f;
-    lse[r] = l > 0.f ? (row_max[r] + lg2(l)) * kLn2 : neg_inf();
+    inv[rr] = l > 0.f ? o_scale / l : 0.f;
+    lse[rr] = l > 0.f ? (row_max[rr] + lg2(l)) * kLn2 : neg_inf();
   }
   if (tig == 0) {
-    if (row_a < p.seq_q) gL[row_a] = lse[0];
-    if (row_a + 8 < p.seq_q) gL[row_a + 8] = lse[1];
+#pragma unroll
+    for (int rr = 0; rr < 2 * MF; ++rr) {
+      const int row = row_a + 16 * (rr >> 1) + 8 * (rr & 1);
+      if (row < p.seq_q) gL[row] = lse[rr];
+    }
   }
-  // Stage the warp's 16 output rows in its own rows of sQ (only this warp ever read them), then
+  // Stage the warp's WM output rows in its own rows of sQ (only this warp ever read them), then
   // store 16-byte chunks so the global writes are coalesced.
   unsigned short* sO = sQ;
 #pragma unroll
-  for (int dt = 0; dt < D / 8; ++dt) {
-    int col = dt * 8 + tig * 2;
-    int ra = warp * 16 + g;
-    *reinterpret_cast<unsigned*>(sO + SwQ::off(ra, col)) = T::pack2(acc_o[dt][0] * inv[0], acc_o[dt][1] * inv[0]);
-    *reinterpret_cast<unsigned*>(sO + SwQ::off(ra + 8, col)) = T::pack2(acc_o[dt][2] * inv[1], acc_o[dt][3] * inv[1]);
-  }
+  for (int mf = 0; mf < MF; ++mf)
+#pragma unroll
+    for (int dt = 0; dt < D / 8; ++dt) {
+      int col = dt * 8 + tig * 2;
+      int ra = warp * WM + 16 * mf + g;
+      *reinterpret_cast<unsigned*>(sO + SwQ::off(ra, col)) = T::pack2(acc_o[mf][dt][0] * inv[2 * mf], acc_o[mf][dt][1] * inv[2 * mf]);
+      *reinterpret_cast<unsigned*>(sO + SwQ::off(ra + 8, col)) =
+          T::pack2(acc_o[mf][dt][2] * inv[2 * mf + 1], acc_o[mf][dt][3] * inv[2 * mf + 1]);
+    }
   __syncwarp();
   constexpr int kChunks = D / 8;
-  for (int c = lane; c < 16 * kChunks; c += 32) {
+  for (int c = lane; c < WM * kChunks; c += 32) {
     int r = c / kChunks, col = (c % kChunks) * 8;
-    int row = m0 + warp * 16 + r;
+    int row = m0 + warp * WM + r;
     if (row < p.seq_q)
       *reinterpret_cast<Chunk16*>(gO + (long long)row * q_stride + col) =
-          *reinterpret_cast<const Chunk16*>(sO + SwQ::off(warp * 16 + r, col));
+          *reinterpret_cast<const Chunk16*>(sO + SwQ::off(warp * WM + r, col));
   }
 }
 

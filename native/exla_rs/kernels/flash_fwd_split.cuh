@@ -99,6 +99,8 @@ __device__ __forceinline__ void flash_fwd_split(const SplitParams& sp) {
   unsigned short* sQ = reinterpret_cast<unsigned short*>(smem_raw);
   unsigned short* sK = sQ + BM * D;      // [2][BN * D]
   unsigned short* sV = sK + 2 * BN * D;  // [2][BN * D]
+  // The thread's ldmatrix addresses (32-bit shared window, stage 0; fwd_tile.cuh).
+  const unsigned sQa = smem_u32(smem_raw), sKa = sQa + BM * D * 2, sVa = sKa + 4 * BN * D;
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int g = lane >> 2, tig = lane & 3;
@@ -159,9 +161,9 @@ __device__ __forceinline__ void flash_fwd_split(const SplitParams& sp) {
     for (int r = 0; r < 2; ++r) slope_l2[r] = -x.alibi_slopes[h_r[r]] * kLog2e;
   }
 
-  float acc_o[D / 8][4];
+  float acc_o[1][D / 8][4];  // one m16 fragment per warp (fwd_tile.cuh's MF = 1)
 #pragma unroll
-  for (int i = 0; i < D / 8; ++i) acc_o[i][0] = acc_o[i][1] = acc_o[i][2] = acc_o[i][3] = 0.f;
+  for (int i = 0; i < D / 8; ++i) acc_o[0][i][0] = acc_o[0][i][1] = acc_o[0][i][2] = acc_o[0][i][3] = 0.f;
   float row_max[2] = {neg_inf(), neg_inf()};
   float row_sum[2] = {0.f, 0.f};
 
@@ -172,6 +174,8 @@ __device__ __forceinline__ void flash_fwd_split(const SplitParams& sp) {
     cp_async_commit();
   }
   const float scale_log2 = p.scale * kLog2e;
+  const unsigned q_ld = sQa + q_ld_off<BM, D>(warp * 16, lane);
+  const unsigned k_ld = sKa + k_ld_off<BN, D>(lane), v_ld = sVa + v_ld_off<BN, D>(lane);
 
   for (int n = n_start, it = 0; n < n_last; ++it) {
     const int stage = it & 1;
@@ -184,25 +188,24 @@ __device__ __forceinline__ void flash_fwd_split(const SplitParams& sp) {
     cp_async_commit();
     cp_async_wait<1>();
     __syncthreads();
-    const unsigned short* sKs = sK + stage * BN * D;
     const unsigned short* sVs = sV + stage * BN * D;
     const int n0 = n * BN;
     const bool full = mask.tile_full(i_lo, i_hi, n0, n0 + BN) && (!has_km || km_bits == kAllKeys);
 
-    float s[BN / 8][4];
+    float s[1][BN / 8][4];
 #pragma unroll
-    for (int i = 0; i < BN / 8; ++i) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
+    for (int i = 0; i < BN / 8; ++i) s[0][i][0] = s[0][i][1] = s[0][i][2] = s[0][i][3] = 0.f;
     if (active) {
       // S = Q K^T for this warp's 16 packed rows.
-      tile_qk<T, BN, D, SwQ, SwK>(s, sQ, sKs, warp, lane);
-      tile_scores_log2<BN>(s, p, scale_log2);
+      tile_qk<T, 1, BM, BN, D>(s, q_ld, k_ld + stage * BN * D * 2);
+      tile_scores_log2<1, BN>(s, p, scale_log2);
       if (has_bias) {
         if (x.bias_dtype == 0)
-          add_bias_rows<BN, BiasF32>(s, x, b, h_r, i_r, ok_r, n0, tig, mask.kv_end);
+          add_bias_rows<BN, BiasF32>(s[0], x, b, h_r, i_r, ok_r, n0, tig, mask.kv_end);
         else if (x.bias_dtype == 1)
-          add_bias_rows<BN, BiasF16>(s, x, b, h_r, i_r, ok_r, n0, tig, mask.kv_end);
+          add_bias_rows<BN, BiasF16>(s[0], x, b, h_r, i_r, ok_r, n0, tig, mask.kv_end);
         else
-          add_bias_rows<BN, BiasBF16>(s, x, b, h_r, i_r, ok_r, n0, tig, mask.kv_end);
+          add_bias_rows<BN, BiasBF16>(s[0], x, b, h_r, i_r, ok_r, n0, tig, mask.kv_end);
       }
       if (has_alibi) {
 #pragma unroll
@@ -211,24 +214,24 @@ __device__ __forceinline__ void flash_fwd_split(const SplitParams& sp) {
 #pragma unroll
           for (int j = 0; j < BN / 8; ++j)
 #pragma unroll
-            for (int hh = 0; hh < 2; ++hh) s[j][2 * r + hh] += slope_l2[r] * alibi_dist(rel - (j * 8 + hh));
+            for (int hh = 0; hh < 2; ++hh) s[0][j][2 * r + hh] += slope_l2[r] * alibi_dist(rel - (j * 8 + hh));
         }
       }
-      if (!full) tile_hide_invisible<BN>(s, lo_r, hi_r, n0, tig, km_bits, has_km);
+      if (!full) tile_hide_invisible<1, BN>(s, lo_r, hi_r, n0, tig, km_bits, has_km);
     }
 
     // Non-finite V on a tile some rows must not see (flash_fwd.cuh explains): every thread votes.
     if ((!full || has_bias) && tile_v_nonfinite<T, BN, D, NT>(sVs, tid)) {
       if (active)
-        tile_mark_nonfinite_v<T, BN, D, SwK>(acc_o, sVs, lo_r, hi_r, n0, tig, km_bits, has_km, has_bias, [&](int r, int key) {
+        tile_mark_nonfinite_v<T, 1, BN, D, SwK>(acc_o, sVs, lo_r, hi_r, n0, tig, km_bits, has_km, has_bias, [&](int r, int key) {
           return ok_r[r] && bias_load(x.bias, x.bias_dtype, bias_offset(x, b, h_r[r], i_r[r], key)) == neg_inf();
         });
       tile_v_zero_nonfinite<T, BN, D, NT>(sVs, tid);
     }
 
     if (active) {
-      tile_online_softmax<BN, D>(s, row_max, row_sum, acc_o);
-      tile_pv<T, BN, D, SwK>(acc_o, s, sVs, lane);
+      tile_online_softmax<1, BN, D, false>(s, row_max, row_sum, acc_o, scale_log2);
+      tile_pv<T, 1, BN, D>(acc_o, s, v_ld + stage * BN * D * 2);
     }
     __syncthreads();  // this stage is reloaded by the next iteration's prefetch
     n = n_next;
@@ -258,8 +261,8 @@ __device__ __forceinline__ void flash_fwd_split(const SplitParams& sp) {
 #pragma unroll
     for (int dt = 0; dt < D / 8; ++dt) {
       const int col = dt * 8 + tig * 2, ra = warp * 16 + g;
-      *reinterpret_cast<unsigned*>(sO + SwQ::off(ra, col)) = T::pack2(acc_o[dt][0] * inv[0], acc_o[dt][1] * inv[0]);
-      *reinterpret_cast<unsigned*>(sO + SwQ::off(ra + 8, col)) = T::pack2(acc_o[dt][2] * inv[1], acc_o[dt][3] * inv[1]);
+      *reinterpret_cast<unsigned*>(sO + SwQ::off(ra, col)) = T::pack2(acc_o[0][dt][0] * inv[0], acc_o[0][dt][1] * inv[0]);
+      *reinterpret_cast<unsigned*>(sO + SwQ::off(ra + 8, col)) = T::pack2(acc_o[0][dt][2] * inv[1], acc_o[0][dt][3] * inv[1]);
     }
     __syncwarp();
     unsigned short* gO = static_cast<unsigned short*>(p.o) + q_off;
@@ -284,8 +287,8 @@ __device__ __forceinline__ void flash_fwd_split(const SplitParams& sp) {
 #pragma unroll
       for (int dt = 0; dt < D / 8; ++dt) {
         Float2 v;
-        v.x = acc_o[dt][2 * r] * inv[r];
-        v.y = acc_o[dt][2 * r + 1] * inv[r];
+        v.x = acc_o[0][dt][2 * r] * inv[r];
+        v.y = acc_o[0][dt][2 * r + 1] * inv[r];
         *reinterpret_cast<Float2*>(dst + dt * 8) = v;
       }
     }

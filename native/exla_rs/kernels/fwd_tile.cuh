@@ -8,66 +8,119 @@
 // non-finite-V path, where the bias test's bool costs +-8 instructions (2026-11-27, all 256 images
 // compared).
 //
-// A warp's 16 rows are m16n8k16 A fragments; the thread holds rows g and g + 8 (g = lane / 4) and,
-// of each n8 column tile j, columns tig * 2 and tig * 2 + 1 (tig = lane % 4): s[j][2 r + h] is row
-// r's element of key n0 + j * 8 + tig * 2 + h, acc_o[dt][2 r + h] its output column
-// dt * 8 + tig * 2 + h.
+// A warp's rows are MF m16n8k16 A fragments of 16 rows (MF = 2 in flash_fwd up to D = 128, so each
+// K/V fragment from ldmatrix feeds 2 MF mma; 1 in the split kernel and above D = 128). In fragment
+// mf the thread holds rows g and g + 8 (g = lane / 4) and, of each n8 column tile j, columns
+// tig * 2 and tig * 2 + 1 (tig = lane % 4): s[mf][j][2 r + h] is row 16 mf + 8 r's element of key
+// n0 + j * 8 + tig * 2 + h, acc_o[mf][dt][2 r + h] its output column dt * 8 + tig * 2 + h. Per-row
+// state (running max and sum, visible interval) is indexed rr = 2 mf + r.
+//
+// Shared memory is addressed with 32-bit shared-window addresses computed once per thread
+// (SwzAddr): inside the key loop every ldmatrix address is the thread's base, XORed with a
+// compile-time chunk constant and plus a compile-time offset, so the loop holds no address
+// arithmetic but one add per stage.
 #pragma once
 
 #include "common.cuh"
 
 namespace exla_rs {
 
-// s += the warp's 16 rows of Q (sQ, swizzled by SwQ) times the tile's BN keys (sKs, SwK).
-template <class T, int BN, int D, class SwQ, class SwK>
-__device__ __forceinline__ void tile_qk(float (&s)[BN / 8][4], const unsigned short* sQ, const unsigned short* sKs, int warp, int lane) {
+// 32-bit shared-memory byte addresses in a Swz<ROWS, COLS> tile. A thread's ldmatrix row address
+// is (row_t + R, col_t + C) with its own row_t (any) and col_t (0 or 8, the half of a k16 step) and
+// the loop's R (a multiple of 8, so the row swizzle is the thread's own) and C (a multiple of 16):
+// the swizzled chunk is then ((C % W) / 8) ^ (the thread's chunk), so with a = tile + thread_off
+// (the tile 2W-byte aligned: the chunk bits of a are the thread's) the address is
+// (a ^ chunk constant) + (block and row constant): one LOP3 per distinct C % W for a tile base that
+// changes (the stage), nothing for one that does not.
+template <int ROWS, int COLS>
+struct SwzAddr {
+  static constexpr int W = Swz<ROWS, COLS>::W;
+  static EXLA_RS_DEVICE unsigned thread_off(int row_t, int col_t) { return 2u * (unsigned)Swz<ROWS, COLS>::off(row_t, col_t); }
+  static EXLA_RS_DEVICE unsigned at(unsigned a, int R, int C) {
+    return (a ^ (unsigned)(((C % W) / 8) << 4)) + 2u * (unsigned)((C / W) * ROWS * W + R * W);
+  }
+};
+
+// The thread's ldmatrix bases (before the tile's shared address is added): Q (A operand, row-major:
+// lanes 0-15 rows, lanes 16-31 the upper 8 columns), K (B operand of Q K^T: matrices 0/1 keys 0-7 at
+// k 0/8, 2/3 keys 8-15) and V (B operand of P V, transposed: matrices 0/1 keys 0-7/8-15 at column 0,
+// 2/3 at column 8).
+template <int ROWS, int D>
+EXLA_RS_DEVICE unsigned q_ld_off(int row0, int lane) {
+  return SwzAddr<ROWS, D>::thread_off(row0 + (lane & 15), (lane >> 4) * 8);
+}
+template <int BN, int D>
+EXLA_RS_DEVICE unsigned k_ld_off(int lane) {
+  return SwzAddr<BN, D>::thread_off((lane & 7) + (lane >> 4) * 8, ((lane >> 3) & 1) * 8);
+}
+template <int BN, int D>
+EXLA_RS_DEVICE unsigned v_ld_off(int lane) {
+  return SwzAddr<BN, D>::thread_off((lane & 7) + ((lane >> 3) & 1) * 8, (lane >> 4) * 8);
+}
+
+// s += the warp's 16 MF rows of Q times the tile's BN keys: q_ld, k_ld are the thread's ldmatrix
+// addresses (tile + q_ld_off / k_ld_off). Each K fragment feeds 2 MF mma.
+// NK: the keys of the step (the tile's BN or a part of it; k_ld then points at the part's first key).
+template <class T, int MF, int BM, int BN, int D, int NK = BN>
+__device__ __forceinline__ void tile_qk(float (&s)[MF][NK / 8][4], unsigned q_ld, unsigned k_ld) {
+  using AQ = SwzAddr<BM, D>;
+  using AK = SwzAddr<BN, D>;
 #pragma unroll
   for (int kk = 0; kk < D / 16; ++kk) {
-    unsigned a[4];
-    ldmatrix_x4(a, sQ + SwQ::off(warp * 16 + (lane & 15), kk * 16 + (lane >> 4) * 8));
+    unsigned a[MF][4];
 #pragma unroll
-    for (int nt = 0; nt < BN / 16; ++nt) {
+    for (int mf = 0; mf < MF; ++mf) ldsm_x4(a[mf], AQ::at(q_ld, 16 * mf, kk * 16));
+#pragma unroll
+    for (int nt = 0; nt < NK / 16; ++nt) {
       unsigned bf[4];
-      ldmatrix_x4(bf, sKs + SwK::off(nt * 16 + (lane & 7) + (lane >> 4) * 8, kk * 16 + ((lane >> 3) & 1) * 8));
-      T::mma(s[2 * nt], a, bf[0], bf[1]);
-      T::mma(s[2 * nt + 1], a, bf[2], bf[3]);
+      ldsm_x4(bf, AK::at(k_ld, nt * 16, kk * 16));
+#pragma unroll
+      for (int mf = 0; mf < MF; ++mf) {
+        T::mma(s[mf][2 * nt], a[mf], bf[0], bf[1]);
+        T::mma(s[mf][2 * nt + 1], a[mf], bf[2], bf[3]);
+      }
     }
   }
 }
 
-// Scores in the log2 domain: scale (and softcap, a uniform branch: the common path has no tanh in
-// its loop), times log2(e).
-template <int BN>
-__device__ __forceinline__ void tile_scores_log2(float (&s)[BN / 8][4], const FwdParams& p, float scale_log2) {
+// Scores in the log2 domain: scale (and softcap, a uniform branch), times log2(e). The general
+// loop's step: the interior loop folds the scale into its exp2 (tile_online_softmax<..., true>).
+template <int MF, int BN>
+__device__ __forceinline__ void tile_scores_log2(float (&s)[MF][BN / 8][4], const FwdParams& p, float scale_log2) {
   if (p.softcap > 0.f) {
 #pragma unroll
-    for (int j = 0; j < BN / 8; ++j)
+    for (int mf = 0; mf < MF; ++mf)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) s[j][e] = score(s[j][e], p.scale, p.softcap, p.softcap_inv) * kLog2e;
+      for (int j = 0; j < BN / 8; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[mf][j][e] = score(s[mf][j][e], p.scale, p.softcap, p.softcap_inv) * kLog2e;
   } else {
 #pragma unroll
-    for (int j = 0; j < BN / 8; ++j)
+    for (int mf = 0; mf < MF; ++mf)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) s[j][e] *= scale_log2;
+      for (int j = 0; j < BN / 8; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[mf][j][e] *= scale_log2;
   }
 }
 
-// -inf where row r does not see the key: outside its visible interval [lo_r, hi_r) or hidden by
+// -inf where row rr does not see the key: outside its visible interval [lo_r, hi_r) or hidden by
 // key_mask (km_bits: bit c = key n0 + c shown). Bit c = j * 8 + h of vis is this thread's element
 // (j, 2r + h), key n0 + tig * 2 + c: one bit test per element. For tiles that straddle a bound.
-template <int BN>
-__device__ __forceinline__ void tile_hide_invisible(float (&s)[BN / 8][4], const int (&lo_r)[2], const int (&hi_r)[2], int n0, int tig,
-                                                    unsigned long long km_bits, bool has_km) {
+template <int MF, int BN>
+__device__ __forceinline__ void tile_hide_invisible(float (&s)[MF][BN / 8][4], const int (&lo_r)[2 * MF], const int (&hi_r)[2 * MF], int n0,
+                                                    int tig, unsigned long long km_bits, bool has_km) {
   const unsigned long long km_mine = km_bits >> (tig * 2);
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    auto vis = bit_range<BN>(lo_r[r] - n0 - tig * 2, hi_r[r] - n0 - tig * 2);
+  for (int rr = 0; rr < 2 * MF; ++rr) {
+    const int mf = rr >> 1, r = rr & 1;
+    auto vis = bit_range<BN>(lo_r[rr] - n0 - tig * 2, hi_r[rr] - n0 - tig * 2);
     if (has_km) vis &= static_cast<decltype(vis)>(km_mine);
 #pragma unroll
     for (int j = 0; j < BN / 8; ++j)
 #pragma unroll
       for (int h = 0; h < 2; ++h)
-        if (!((vis >> (j * 8 + h)) & 1)) s[j][2 * r + h] = neg_inf();
+        if (!((vis >> (j * 8 + h)) & 1)) s[mf][j][2 * r + h] = neg_inf();
   }
 }
 
@@ -81,30 +134,31 @@ __device__ __forceinline__ bool tile_v_nonfinite(const unsigned short* sVs, int 
   return __syncthreads_or(bad);
 }
 
-// NaN in this thread's output columns of row r where a key the row sees (in [lo_r, hi_r), shown
-// by key_mask, and with a bias, not hidden_by_bias(r, key)) has a non-finite V element: the
+// NaN in this thread's output columns of row rr where a key the row sees (in [lo_r, hi_r), shown
+// by key_mask, and with a bias, not hidden_by_bias(rr, key)) has a non-finite V element: the
 // contract's result there is not finite, and P V on the zeroed tile (tile_v_zero_nonfinite) would
 // not show it.
-template <class T, int BN, int D, class SwK, class HiddenByBias>
-__device__ __forceinline__ void tile_mark_nonfinite_v(float (&acc_o)[D / 8][4], const unsigned short* sVs, const int (&lo_r)[2],
-                                                      const int (&hi_r)[2], int n0, int tig, unsigned long long km_bits, bool has_km,
+template <class T, int MF, int BN, int D, class SwK, class HiddenByBias>
+__device__ __forceinline__ void tile_mark_nonfinite_v(float (&acc_o)[MF][D / 8][4], const unsigned short* sVs, const int (&lo_r)[2 * MF],
+                                                      const int (&hi_r)[2 * MF], int n0, int tig, unsigned long long km_bits, bool has_km,
                                                       bool has_bias, HiddenByBias hidden_by_bias) {
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int lo = imax(lo_r[r], n0), hi = imin(hi_r[r], n0 + BN);
+  for (int rr = 0; rr < 2 * MF; ++rr) {
+    const int mf = rr >> 1, r = rr & 1;
+    const int lo = imax(lo_r[rr], n0), hi = imin(hi_r[rr], n0 + BN);
     unsigned long long cols = 0;  // bit 2 dt + h: this thread's column dt * 8 + tig * 2 + h
 #pragma unroll 1
     for (int key = lo; key < hi; ++key) {
       if (has_km && !((km_bits >> (key - n0)) & 1)) continue;  // hidden by key_mask
-      if (has_bias && hidden_by_bias(r, key)) continue;         // a bias of -inf hides the element
+      if (has_bias && hidden_by_bias(rr, key)) continue;        // a bias of -inf hides the element
 #pragma unroll 1
       for (int c = 0; c < D / 4; ++c)
         if (nonfinite1<T>(sVs[SwK::off(key - n0, (c >> 1) * 8 + tig * 2 + (c & 1))])) cols |= 1ull << c;
     }
 #pragma unroll
     for (int dt = 0; dt < D / 8; ++dt) {
-      if ((cols >> (2 * dt)) & 1) acc_o[dt][2 * r] = qnan();
-      if ((cols >> (2 * dt + 1)) & 1) acc_o[dt][2 * r + 1] = qnan();
+      if ((cols >> (2 * dt)) & 1) acc_o[mf][dt][2 * r] = qnan();
+      if ((cols >> (2 * dt + 1)) & 1) acc_o[mf][dt][2 * r + 1] = qnan();
     }
   }
 }
@@ -121,51 +175,69 @@ __device__ __forceinline__ void tile_v_zero_nonfinite(const unsigned short* sVs,
 
 // Online softmax over the tile. A row's 4 threads (same g) hold its BN values: reduce across the
 // quad. s becomes P (exp2 of s minus the running max); the running sum and O are rescaled.
-template <int BN, int D>
-__device__ __forceinline__ void tile_online_softmax(float (&s)[BN / 8][4], float (&row_max)[2], float (&row_sum)[2], float (&acc_o)[D / 8][4]) {
+// kRaw: s holds the raw dot products (the interior loop, scale > 0): the max is taken on them and
+// the scale folds into the exp2's FFMA, exp2(s * scale_log2 - max * scale_log2), one instruction
+// per element less (max commutes with a positive scale, rounding included). Otherwise s is already
+// in the log2 domain (scale_log2 unused).
+template <int MF, int BN, int D, bool kRaw>
+__device__ __forceinline__ void tile_online_softmax(float (&s)[MF][BN / 8][4], float (&row_max)[2 * MF], float (&row_sum)[2 * MF],
+                                                    float (&acc_o)[MF][D / 8][4], float scale_log2) {
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    float mx = row_max[r];
+  for (int rr = 0; rr < 2 * MF; ++rr) {
+    const int mf = rr >> 1, r = rr & 1;
+    float mx = kRaw ? neg_inf() : row_max[rr];
 #pragma unroll
-    for (int j = 0; j < BN / 8; ++j) mx = fmaxf(mx, fmaxf(s[j][2 * r], s[j][2 * r + 1]));
+    for (int j = 0; j < BN / 8; ++j) mx = fmaxf(mx, fmaxf(s[mf][j][2 * r], s[mf][j][2 * r + 1]));
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    if (kRaw) mx = fmaxf(row_max[rr], mx * scale_log2);
     // All -inf so far: subtract 0 instead, so exp2 gives 0, never NaN.
     const float base = mx == neg_inf() ? 0.f : mx;
-    const float alpha = ex2(row_max[r] - base);
-    row_max[r] = mx;
+    const float alpha = ex2(row_max[rr] - base);
+    row_max[rr] = mx;
     float sum = 0.f;
 #pragma unroll
     for (int j = 0; j < BN / 8; ++j) {
-      s[j][2 * r] = ex2(s[j][2 * r] - base);
-      s[j][2 * r + 1] = ex2(s[j][2 * r + 1] - base);
-      sum += s[j][2 * r] + s[j][2 * r + 1];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        float& e = s[mf][j][2 * r + h];
+        e = kRaw ? ex2(fmaf(e, scale_log2, -base)) : ex2(e - base);
+        sum += e;
+      }
     }
-    row_sum[r] = row_sum[r] * alpha + sum;  // before dropout: the softmax is taken first
+    row_sum[rr] = row_sum[rr] * alpha + sum;  // before dropout: the softmax is taken first
 #pragma unroll
     for (int d = 0; d < D / 8; ++d) {
-      acc_o[d][2 * r] *= alpha;
-      acc_o[d][2 * r + 1] *= alpha;
+      acc_o[mf][d][2 * r] *= alpha;
+      acc_o[mf][d][2 * r + 1] *= alpha;
     }
   }
 }
 
-// O += P V. The S accumulator layout of two n8 tiles is exactly the A fragment of one k16 step.
-template <class T, int BN, int D, class SwK>
-__device__ __forceinline__ void tile_pv(float (&acc_o)[D / 8][4], const float (&s)[BN / 8][4], const unsigned short* sVs, int lane) {
+// O += P V. The S accumulator layout of two n8 tiles is exactly the A fragment of one k16 step;
+// each V fragment feeds 2 MF mma. v_ld: tile + v_ld_off (+ the first key's rows for a part of NK).
+template <class T, int MF, int BN, int D, int NK = BN>
+__device__ __forceinline__ void tile_pv(float (&acc_o)[MF][D / 8][4], const float (&s)[MF][NK / 8][4], unsigned v_ld) {
+  using AV = SwzAddr<BN, D>;
 #pragma unroll
-  for (int kk = 0; kk < BN / 16; ++kk) {
-    unsigned a[4];
-    a[0] = T::pack2(s[2 * kk][0], s[2 * kk][1]);
-    a[1] = T::pack2(s[2 * kk][2], s[2 * kk][3]);
-    a[2] = T::pack2(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-    a[3] = T::pack2(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+  for (int kk = 0; kk < NK / 16; ++kk) {
+    unsigned a[MF][4];
+#pragma unroll
+    for (int mf = 0; mf < MF; ++mf) {
+      a[mf][0] = T::pack2(s[mf][2 * kk][0], s[mf][2 * kk][1]);
+      a[mf][1] = T::pack2(s[mf][2 * kk][2], s[mf][2 * kk][3]);
+      a[mf][2] = T::pack2(s[mf][2 * kk + 1][0], s[mf][2 * kk + 1][1]);
+      a[mf][3] = T::pack2(s[mf][2 * kk + 1][2], s[mf][2 * kk + 1][3]);
+    }
 #pragma unroll
     for (int dt = 0; dt < D / 16; ++dt) {
       unsigned bf[4];
-      ldmatrix_x4_trans(bf, sVs + SwK::off(kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8, dt * 16 + (lane >> 4) * 8));
-      T::mma(acc_o[2 * dt], a, bf[0], bf[1]);
-      T::mma(acc_o[2 * dt + 1], a, bf[2], bf[3]);
+      ldsm_x4_trans(bf, AV::at(v_ld, kk * 16, dt * 16));
+#pragma unroll
+      for (int mf = 0; mf < MF; ++mf) {
+        T::mma(acc_o[mf][2 * dt], a[mf], bf[0], bf[1]);
+        T::mma(acc_o[mf][2 * dt + 1], a[mf], bf[2], bf[3]);
+      }
     }
   }
 }

@@ -117,6 +117,23 @@ EXLA_RS_DEVICE void ldmatrix_x4_trans(unsigned (&r)[4], const void* smem) {
                : "r"(smem_u32(smem)));
 }
 
+// The same with a 32-bit shared-window address (smem_u32 of the tile once, then integer offsets):
+// the forward's key loop keeps its addresses in 32-bit registers, no 64-bit generic pointer and no
+// cvta per instruction.
+EXLA_RS_DEVICE void ldsm_x4(unsigned (&r)[4], unsigned addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+EXLA_RS_DEVICE void ldsm_x4_trans(unsigned (&r)[4], unsigned addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+EXLA_RS_DEVICE void cp_async16_s(unsigned smem_addr, const void* gmem, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr), "l"(gmem), "r"(src_bytes));
+}
+
 // red.global.add.f32: an atomic add whose old value nobody reads.
 EXLA_RS_DEVICE void red_add_f32(float* addr, float v) {
   asm volatile("red.global.add.f32 [%0], %1;" ::"l"(addr), "f"(v) : "memory");

@@ -15,12 +15,21 @@ asks, so a split that needs more hangs every launch (the sm90 forward at D = 256
 the one shared/design/facts.md counts FA2 with): IMAD, IADD3, LOP3, SHF, LEA, ISETP, SEL, IMNMX,
 VIADD, PLOP3.
 
+The key loop: a kernel's loops are its backward branches (a BRA to an earlier address; the loop
+is [target, branch]); the key loop is the one holding the most HMMA (ties: the fewest
+instructions, so where a kernel runs its interior key tiles in a lean loop of their own beside a
+general one with the mask code, it is the lean one, and the general one shows in `loops`).
+`--loop` prints its instructions, HMMA, LDSM and integer ops and their ratios per HMMA beside the
+whole-kernel counts; `--check-loop` holds the plain sets' key loops to LOOP_BUDGET.
+
     python3 native/exla_rs/kernels/sass_stats.py                  # newest release build
     python3 native/exla_rs/kernels/sass_stats.py --arch sm_90 --kernel 'bwd_.*_d256'
     python3 native/exla_rs/kernels/sass_stats.py --markdown       # the table bench/RESULTS.md holds
     python3 native/exla_rs/kernels/sass_stats.py --check-spills   # exit 1 on any LDL/STL (CI)
     python3 native/exla_rs/kernels/sass_stats.py --check          # exit 1 if the plain set grew (CI)
     python3 native/exla_rs/kernels/sass_stats.py --check-regpool  # exit 1 if a setmaxnreg split overdraws (CI)
+    python3 native/exla_rs/kernels/sass_stats.py --loop --kernel 'fwd_bf16_d(64|128)$'  # the key loop's mix
+    python3 native/exla_rs/kernels/sass_stats.py --check-loop     # exit 1 if a plain key loop grew (CI)
     python3 native/exla_rs/kernels/sass_stats.py --dir DIR        # fatbins/cubins elsewhere
 
 cuobjdump and nvdisasm come from NVIDIA's pip wheels (scripts/setup.sh puts them in the cuda
@@ -66,11 +75,16 @@ PLAIN_BUDGET.update({
     ("sm_90", "split", 128): (3913, 14.2), ("sm_90", "split", 192): (4318, 24.2), ("sm_90", "split", 256): (3887, 14.2),
 })
 PLAIN = re.compile(r"^(fwd|bwd|fwd_split)_b?f16_d(\d+)$")
+# The plain sets' key loops (issue 33): at most these instructions and integer ops per HMMA in the
+# loop holding the most HMMA, per (arch, pass, head dim), f16 and bf16 alike (one decimal, as
+# printed). LOOP_BUDGET_SET below.
+LOOP_BUDGET: dict[tuple[str, str, int], tuple[float, float]] = {}
 
 # USETMAXREG.DEALLOC n (setmaxnreg.dec) / USETMAXREG.TRY_ALLOC UPx, n (setmaxnreg.inc, retried until
 # the block's pool grants it).
 SETMAXNREG = re.compile(r"USETMAXREG\.(DEALLOC|TRY_ALLOC)\S*\s+(?:U?P\w+\s*,\s*)?(0x[0-9a-fA-F]+|\d+)\s*;")
-INSN = re.compile(r"^\s*/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P[0-9T]\s+)?([A-Z][A-Z0-9_]*)(?:\.[A-Z0-9_.]*)?\b")
+INSN = re.compile(r"^\s*/\*([0-9a-f]{4,})\*/\s+(@!?U?P[0-9T]\s+)?([A-Z][A-Z0-9_]*)(?:\.[A-Z0-9_.]*)?\b(.*)$")
+BRA_TARGET = re.compile(r"(0x[0-9a-f]+)\s*;")
 
 
 def find_cuobjdump() -> str:
@@ -120,7 +134,7 @@ def stats_of(tool: str, path: Path) -> dict[tuple[str, str], dict]:
 
 def parse_dumps(sass: str, res_usage: str, elf: str = "") -> dict[tuple[str, str], dict]:
     """{(arch, kernel): stats} from cuobjdump's -sass, -res-usage and -elf texts of one file."""
-    out: dict[tuple[str, str], dict] = defaultdict(lambda: {"ops": Counter(), "setmaxnreg": []})
+    out: dict[tuple[str, str], dict] = defaultdict(lambda: {"ops": Counter(), "setmaxnreg": [], "insns": []})
     archs = set(re.findall(r"code for (sm_\w+)", sass))
     # A cubin's -res-usage names no arch: it is the one its SASS is for.
     arch = archs.pop() if len(archs) == 1 else None
@@ -169,7 +183,13 @@ def parse_dumps(sass: str, res_usage: str, elf: str = "") -> dict[tuple[str, str
             continue
         m = INSN.match(line)
         if m and arch and fn:
-            out[(arch, fn)]["ops"][m.group(1)] += 1
+            op = m.group(3)
+            out[(arch, fn)]["ops"][op] += 1
+            tgt = None
+            if op == "BRA":
+                b = BRA_TARGET.search(m.group(4))
+                tgt = int(b.group(1), 16) if b else None
+            out[(arch, fn)]["insns"].append((int(m.group(1), 16), op, tgt))
             r = SETMAXNREG.search(line)
             if r:
                 out[(arch, fn)]["setmaxnreg"].append((r.group(1), int(r.group(2), 0)))
@@ -229,6 +249,27 @@ def regpool_selftest() -> str | None:
     return None
 
 
+def key_loop(insns: list) -> dict | None:
+    """The loop holding the most HMMA (ties: the fewest instructions) of one kernel's instruction
+    list [(address, opcode, branch target or None)], or None without a loop holding one. A loop is
+    [target, branch] of a backward BRA."""
+    loops = []
+    at = {a: i for i, (a, _, _) in enumerate(insns)}
+    for i, (a, op, tgt) in enumerate(insns):
+        if op == "BRA" and tgt is not None and tgt <= a and tgt in at:
+            ops = Counter(o for _, o, _ in insns[at[tgt]:i + 1])
+            n = sum(v for k, v in ops.items() if k != "NOP")
+            if ops["HMMA"]:
+                loops.append(dict(start=tgt, end=a, insts=n, hmma=ops["HMMA"], ldsm=ops["LDSM"],
+                                  int=sum(ops[k] for k in INT_OPS)))
+    if not loops:
+        return None
+    best = max(loops, key=lambda l: (l["hmma"], -l["insts"]))
+    h = best["hmma"]
+    return dict(best, insts_per_hmma=best["insts"] / h, int_per_hmma=best["int"] / h, ldsm_per_hmma=best["ldsm"] / h,
+                loops=len(loops))
+
+
 def summarize(s: dict) -> dict:
     ops: Counter = s["ops"]
     n = sum(v for k, v in ops.items() if k != "NOP")
@@ -238,7 +279,7 @@ def summarize(s: dict) -> dict:
         insts=n, hmma=hmma, hgmma=ops["HGMMA"], utma=sum(v for k, v in ops.items() if k.startswith("UTMA")), ldsm=ops["LDSM"], int=integer, ldl=ops["LDL"], stl=ops["STL"],
         regs=s.get("regs", -1), stack=s.get("stack", -1),
         int_per_hmma=(integer / hmma) if hmma else None, ldsm_per_hmma=(ops["LDSM"] / hmma) if hmma else None,
-        regpool=regpool(s),
+        regpool=regpool(s), loop=key_loop(s.get("insns", [])),
     )
 
 
@@ -270,6 +311,26 @@ def check_plain_budget(rows) -> tuple[list[str], int]:
     return over, checked
 
 
+def check_loop_budget(rows) -> tuple[list[str], int]:
+    """(the plain-set images whose key loop is over LOOP_BUDGET, described; how many were checked)."""
+    over, checked = [], 0
+    for arch, fn, r in rows:
+        m = PLAIN.match(fn)
+        budget = m and LOOP_BUDGET.get((arch, m.group(1).replace("fwd_split", "split"), int(m.group(2))))
+        if not budget:
+            continue
+        checked += 1
+        lp = r["loop"]
+        if lp is None:
+            over.append(f"{arch} {fn}: no loop holds an HMMA")
+            continue
+        per, ints = round(lp["insts_per_hmma"], 1), round(lp["int_per_hmma"], 1)
+        if per > budget[0] or ints > budget[1]:
+            over.append(f"{arch} {fn}: key loop {lp['insts']} instructions for {lp['hmma']} HMMA: {per:.1f} per HMMA "
+                        f"(budget {budget[0]:.1f}), {ints:.1f} integer ops per HMMA (budget {budget[1]:.1f})")
+    return over, checked
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dir", type=Path, help="directory of *.fatbin / *.cubin (default: newest build)")
@@ -279,6 +340,10 @@ def main() -> int:
     ap.add_argument("--check-spills", action="store_true", help="exit 1 if any kernel has LDL/STL (beyond KNOWN_SPILLS)")
     ap.add_argument("--check", action="store_true",
                     help="exit 1 if a plain-set kernel exceeds its instruction or integer-ops-per-HMMA budget")
+    ap.add_argument("--loop", action="store_true",
+                    help="add the key loop's columns (the loop holding the most HMMA): instructions, HMMA, LDSM, integer ops, per HMMA")
+    ap.add_argument("--check-loop", action="store_true",
+                    help="exit 1 if a plain-set kernel's key loop exceeds its instructions or integer ops per HMMA (LOOP_BUDGET)")
     ap.add_argument("--check-regpool", action="store_true",
                     help="exit 1 if a setmaxnreg kernel's producer/consumer split needs more registers than its launch pool")
     a = ap.parse_args()
@@ -300,16 +365,29 @@ def main() -> int:
             rows.append((arch, fn.removeprefix("exla_rs_"), summarize(s)))
     rows.sort(key=lambda r: (int(re.sub(r"\D", "", r[0]) or 0), r[1]))
     ratio = lambda x: "-" if x is None else f"{x:.1f}"
+    def loop_cols(r, md):
+        lp = r["loop"]
+        if lp is None:
+            cells = ["-"] * 8
+        else:
+            cells = [str(lp["loops"]), str(lp["insts"]), str(lp["hmma"]), str(lp["ldsm"]), str(lp["int"]),
+                     f"{lp['insts_per_hmma']:.2f}", f"{lp['int_per_hmma']:.2f}", f"{lp['ldsm_per_hmma']:.2f}"]
+        if md:
+            return "".join(f" {c} |" for c in cells)
+        return "".join(f" {c:>{w}}" for c, w in zip(cells, (5, 6, 5, 5, 5, 7, 7, 7)))
     if a.markdown:
-        print("| arch | kernel | insts | HMMA | HGMMA | UTMA | LDSM | int ops | int/HMMA | LDL | STL | regs |")
-        print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+        lh = " loops | loop insts | loop HMMA | loop LDSM | loop int | insts/HMMA | int/HMMA | LDSM/HMMA |" if a.loop else ""
+        print("| arch | kernel | insts | HMMA | HGMMA | UTMA | LDSM | int ops | int/HMMA | LDL | STL | regs |" + lh)
+        print("|" + " --- |" * (12 + (8 if a.loop else 0)))
         for arch, fn, r in rows:
-            print(f"| {arch} | {fn} | {r['insts']} | {r['hmma']} | {r['hgmma']} | {r['utma']} | {r['ldsm']} | {r['int']} | {ratio(r['int_per_hmma'])} | {r['ldl']} | {r['stl']} | {r['regs']} |")
+            print(f"| {arch} | {fn} | {r['insts']} | {r['hmma']} | {r['hgmma']} | {r['utma']} | {r['ldsm']} | {r['int']} | {ratio(r['int_per_hmma'])} | {r['ldl']} | {r['stl']} | {r['regs']} |"
+                  + (loop_cols(r, True) if a.loop else ""))
     else:
-        print(f"{'arch':7} {'kernel':24} {'insts':>6} {'HMMA':>5} {'HGMMA':>5} {'UTMA':>4} {'LDSM':>5} {'int':>5} {'int/HMMA':>8} {'LDL':>4} {'STL':>4} {'regs':>4} {'stack':>5}")
+        lh = f" {'loops':>5} {'L-ins':>6} {'L-MMA':>5} {'L-LDS':>5} {'L-int':>5} {'ins/MMA':>7} {'int/MMA':>7} {'LDS/MMA':>7}" if a.loop else ""
+        print(f"{'arch':7} {'kernel':24} {'insts':>6} {'HMMA':>5} {'HGMMA':>5} {'UTMA':>4} {'LDSM':>5} {'int':>5} {'int/HMMA':>8} {'LDL':>4} {'STL':>4} {'regs':>4} {'stack':>5}" + lh)
         for arch, fn, r in rows:
             print(f"{arch:7} {fn:24} {r['insts']:6} {r['hmma']:5} {r['hgmma']:5} {r['utma']:4} {r['ldsm']:5} {r['int']:5} {ratio(r['int_per_hmma']):>8} "
-                  f"{r['ldl']:4} {r['stl']:4} {r['regs']:4} {r['stack']:5}")
+                  f"{r['ldl']:4} {r['stl']:4} {r['regs']:4} {r['stack']:5}" + (loop_cols(r, False) if a.loop else ""))
     print(f"# {len(rows)} kernel images from {d}", file=sys.stderr)
     spills = [(arch, fn, r) for arch, fn, r in rows if r["ldl"] or r["stl"]]
     known = [(arch, fn, r) for arch, fn, r in spills if r["ldl"] + r["stl"] <= KNOWN_SPILLS.get((arch, fn), 0)]
@@ -345,6 +423,16 @@ def main() -> int:
             print("sass_stats: no plain-set kernel image with a budget (sm_80 / sm_90 fwd/bwd f16/bf16)", file=sys.stderr)
             return 1
         print(f"# plain set: {checked - len(over)} of {checked} kernel images within budget", file=sys.stderr)
+        if over:
+            rc = 1
+    if a.check_loop:
+        over, checked = check_loop_budget(rows)
+        for line in over:
+            print(f"KEY LOOP OVER BUDGET: {line}", file=sys.stderr)
+        if not checked:
+            print("sass_stats: no plain-set kernel image with a key-loop budget", file=sys.stderr)
+            return 1
+        print(f"# key loops: {checked - len(over)} of {checked} plain-set kernel images within LOOP_BUDGET", file=sys.stderr)
         if over:
             rc = 1
     if a.check_spills:

@@ -215,10 +215,12 @@ impl FeatureSet {
     }
 }
 
-/// Tensor-core forward tiles (FwdTraits in kernels/flash_fwd.cuh).
+/// Tensor-core forward tiles (FwdTraits in kernels/flash_fwd.cuh): (warps, block_m, block_n).
+/// Up to D = 64 a warp owns 32 query rows (two m16 fragments), above it 16.
 fn fwd_tc_traits(d: usize) -> (usize, usize, usize) {
-    let warps = if d <= 192 { 8 } else { 4 };
-    let block_m = 16 * warps;
+    let row_frags = if d <= 64 { 2 } else { 1 };
+    let warps = if d <= 64 { 4 } else if d <= 192 { 8 } else { 4 };
+    let block_m = 16 * row_frags * warps;
     let block_n = if d <= 128 { 64 } else { 32 };
     (warps, block_m, block_n)
 }
@@ -496,7 +498,9 @@ mod tests {
     fn traits_match_the_kernel_headers() {
         // The kernels trap when launched with another block size; this keeps the two tables in step.
         let fwd = include_str!("../../../kernels/flash_fwd.cuh");
-        assert!(fwd.contains("kWarps = D <= 192 ? 8 : 4"));
+        assert!(fwd.contains("kRowFrags = D <= 64 ? 2 : 1;"));
+        assert!(fwd.contains("kWarps = D <= 64 ? 4 : (D <= 192 ? 8 : 4);"));
+        assert!(fwd.contains("kBlockM = 16 * kRowFrags * kWarps;"));
         assert!(fwd.contains("kBlockN = D <= 128 ? 64 : 32"));
         assert!(fwd.contains("kSmemBytes = (kBlockM * D + 4 * kBlockN * D) * 2"));
         let bwd = include_str!("../../../kernels/flash_bwd.cuh");

@@ -401,6 +401,15 @@ inline void ldmatrix_impl(unsigned (&r)[N], const void* smem, bool trans) {
                                   const_cast<LdmatrixShape*>(&shapes[trans]), false);
   for (int i = 0; i < N; ++i) r[i] = io.out[i];
 }
+// The 32-bit shared-window forms (ptx.cuh ldsm_x4, ldsm_x4_trans, cp_async16_s): the address is an
+// offset into the block's dynamic shared memory (what smem_u32 returns).
+inline void ldsm_x4(unsigned (&r)[4], unsigned addr) { ldmatrix_impl<4>(r, exla_rs_gpusim::smem_ptr(addr, 16, "ldmatrix row"), false); }
+inline void ldsm_x4_trans(unsigned (&r)[4], unsigned addr) {
+  ldmatrix_impl<4>(r, exla_rs_gpusim::smem_ptr(addr, 16, "ldmatrix.trans row"), true);
+}
+inline void cp_async16_s(unsigned addr, const void* gmem, int src_bytes) {
+  cp_async16(exla_rs_gpusim::smem_ptr(addr, 16, "cp.async destination"), gmem, src_bytes);
+}
 inline void ldmatrix_x1(unsigned (&r)[1], const void* smem) { ldmatrix_impl<1>(r, smem, false); }
 inline void ldmatrix_x2(unsigned (&r)[2], const void* smem) { ldmatrix_impl<2>(r, smem, false); }
 inline void ldmatrix_x4(unsigned (&r)[4], const void* smem) { ldmatrix_impl<4>(r, smem, false); }
