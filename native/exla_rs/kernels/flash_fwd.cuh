@@ -111,7 +111,6 @@ __device__ __forceinline__ void flash_fwd(const FwdParams& p) {
   using Tr = FwdTraits<D>;
   constexpr int BM = Tr::kBlockM, BN = Tr::kBlockN, NT = Tr::kThreads, MF = Tr::kRowFrags, WM = 16 * MF;
   constexpr int kParts = MF == 2 ? 2 : 1, NK = BN / kParts;  // the general loop's steps per tile, keys per step
-  constexpr int kLeanParts = 1;                               // the interior loop's
   using SwQ = Swz<BM, D>;
   using SwK = Swz<BN, D>;
   if (blockDim.x != NT) __trap();  // the launcher's table disagrees with this file
@@ -298,31 +297,25 @@ __device__ __forceinline__ void flash_fwd(const FwdParams& p) {
           Copy::copy(k_dst + (st ^ kStage), gKt, step);
           Copy::copy(v_dst + (st ^ kStage), gVt, step);
         } else {
-          load_tile_async<BN, D, NT>(sK + (st ^ kStage) / 2, gK, (n + 1) * BN, mask.kv_end, kv_stride, tid);
-          load_tile_async<BN, D, NT>(sV + (st ^ kStage) / 2, gV, (n + 1) * BN, mask.kv_end, kv_stride, tid);
+          const long long next = (long long)(n + 1) * BN * kv_stride;
+          ChunkCopy<BN, D, NT>::copy(sKa + (st ^ kStage), gK + next, kv_stride, tid);
+          ChunkCopy<BN, D, NT>::copy(sVa + (st ^ kStage), gV + next, kv_stride, tid);
         }
       }
       cp_async_commit();
       cp_async_wait<1>();
       __syncthreads();
-      // (kLeanParts > 1 would cut the tile into parts of NKL keys, each with its own softmax
-      // step, for register room: no tile shape needs it now.)
+      float s[MF][BN / 8][4];
 #pragma unroll
-      for (int part = 0; part < kLeanParts; ++part) {
-        constexpr int NKL = BN / kLeanParts;
-        const unsigned part_off = st + part * NKL * 2 * SwK::W;
-        float s[MF][NKL / 8][4];
+      for (int mf = 0; mf < MF; ++mf)
 #pragma unroll
-        for (int mf = 0; mf < MF; ++mf)
+        for (int i = 0; i < BN / 8; ++i) s[mf][i][0] = s[mf][i][1] = s[mf][i][2] = s[mf][i][3] = 0.f;
+      tile_qk<T, MF, BM, BN, D>(s, q_ld, k_ld + st);
+      tile_online_softmax<MF, BN, D, true>(s, row_max, row_sum, acc_o, scale_log2);
+      if (has_drop)
 #pragma unroll
-          for (int i = 0; i < NKL / 8; ++i) s[mf][i][0] = s[mf][i][1] = s[mf][i][2] = s[mf][i][3] = 0.f;
-        tile_qk<T, MF, BM, BN, D, NKL>(s, q_ld, k_ld + part_off);
-        tile_online_softmax<MF, NKL, D, true>(s, row_max, row_sum, acc_o, scale_log2);
-        if (has_drop)
-#pragma unroll
-          for (int mf = 0; mf < MF; ++mf) dropout_tile<NKL>(s[mf], Dropout::load(x), b, h, row_a + 16 * mf, n * BN + part * NKL, tig);
-        tile_pv<T, MF, BN, D, NKL>(acc_o, s, v_ld + part_off);
-      }
+        for (int mf = 0; mf < MF; ++mf) dropout_tile<BN>(s[mf], Dropout::load(x), b, h, row_a + 16 * mf, n * BN, tig);
+      tile_pv<T, MF, BN, D>(acc_o, s, v_ld + st);
       __syncthreads();  // this stage is reloaded by the next iteration's prefetch
       st ^= kStage;
     }

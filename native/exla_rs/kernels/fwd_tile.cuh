@@ -58,6 +58,23 @@ EXLA_RS_DEVICE unsigned v_ld_off(int lane) {
   return SwzAddr<BN, D>::thread_off((lane & 7) + ((lane >> 3) & 1) * 8, (lane >> 4) * 8);
 }
 
+// The interior key loop's tile copy where RowCopy does not fit (the chunks of a row do not divide
+// the threads: D = 96, 192): thread tid copies chunks tid + i NT, a compile-time count, so each
+// chunk's destination and source offset are functions of tid alone that the compiler keeps out of
+// the loop; every row real. g: the tile's first row.
+template <int ROWS, int D, int NT>
+struct ChunkCopy {
+  static constexpr int kPer = ROWS * (D / 8) / NT;
+  static_assert(ROWS * (D / 8) % NT == 0, "ChunkCopy: the chunks do not divide the threads");
+  static EXLA_RS_DEVICE void copy(unsigned s, const unsigned short* g, long long row_stride, int tid) {
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) {
+      const TileChunk t = tile_chunk<ROWS, D>(tid + i * NT);
+      cp_async16_s(s + 2u * (unsigned)Swz<ROWS, D>::off(t.row, t.col), g + (long long)t.row * row_stride + t.col, 16);
+    }
+  }
+};
+
 // s += the warp's 16 MF rows of Q times the tile's BN keys: q_ld, k_ld are the thread's ldmatrix
 // addresses (tile + q_ld_off / k_ld_off). Each K fragment feeds 2 MF mma.
 // NK: the keys of the step (the tile's BN or a part of it; k_ld then points at the part's first key).

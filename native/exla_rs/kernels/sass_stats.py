@@ -57,28 +57,52 @@ INT_OPS = {"IMAD", "IADD3", "LOP3", "SHF", "LEA", "ISETP", "SEL", "IMNMX", "VIAD
 # without a feature suffix: config.rs FeatureSet) is what most calls run, so a feature that adds to
 # it, or a change that makes it grow, fails CI (`--check`) instead of slowing every call unnoticed.
 PLAIN_BUDGET = {
-    ("sm_80", "fwd", 32): (2283, 32.0), ("sm_80", "fwd", 64): (2589, 18.6), ("sm_80", "fwd", 96): (3872, 23.2),
-    ("sm_80", "fwd", 128): (3166, 11.7), ("sm_80", "fwd", 192): (3590, 22.2), ("sm_80", "fwd", 256): (3320, 13.6),
     ("sm_80", "bwd", 32): (3711, 25.2), ("sm_80", "bwd", 64): (4022, 14.8), ("sm_80", "bwd", 96): (4430, 10.1),
     ("sm_80", "bwd", 128): (3301, 12.7), ("sm_80", "bwd", 192): (3574, 12.5), ("sm_80", "bwd", 256): (3233, 9.7),
-    ("sm_90", "fwd", 32): (2297, 30.9), ("sm_90", "fwd", 64): (2613, 17.8), ("sm_90", "fwd", 96): (4095, 22.9),
-    ("sm_90", "fwd", 128): (3238, 11.2), ("sm_90", "fwd", 192): (3827, 22.0), ("sm_90", "fwd", 256): (3481, 12.5),
     ("sm_90", "bwd", 32): (3926, 24.4), ("sm_90", "bwd", 64): (4275, 14.2), ("sm_90", "bwd", 96): (4750, 9.8),
     ("sm_90", "bwd", 128): (3691, 11.2), ("sm_90", "bwd", 192): (3933, 12.6), ("sm_90", "bwd", 256): (3528, 9.7),
 }
-# The split-KV forward's plain set (issue 34, flash_fwd_split.cuh: decode calls), as "split": its
-# figures when it landed (2026-11-27, bf16; f16 compiles to the same counts) plus about 2%.
+# The forward's plain set since issue 33 (2026-11-27, bf16 = f16, plus about 2%): two key loops, a
+# lean one for the interior tiles and the general one with the mask code, so the kernel holds
+# more instructions (the instruction budget grew by 10-37%) while the loop the interior tiles run
+# holds 3.7-7.5 instructions per HMMA instead of 14-47 (LOOP_BUDGET); integer ops per HMMA of the
+# whole kernel fell by half or more.
 PLAIN_BUDGET.update({
-    ("sm_80", "split", 32): (2713, 41.0), ("sm_80", "split", 64): (3193, 25.0), ("sm_80", "split", 96): (3699, 20.0),
-    ("sm_80", "split", 128): (3769, 14.5), ("sm_80", "split", 192): (4047, 24.2), ("sm_80", "split", 256): (3757, 14.6),
-    ("sm_90", "split", 32): (2808, 39.8), ("sm_90", "split", 64): (3301, 24.2), ("sm_90", "split", 96): (3913, 19.7),
-    ("sm_90", "split", 128): (3913, 14.2), ("sm_90", "split", 192): (4318, 24.2), ("sm_90", "split", 256): (3887, 14.2),
+    ("sm_80", "fwd", 32): (3008, 12.8), ("sm_80", "fwd", 64): (3537, 7.4), ("sm_80", "fwd", 96): (3483, 8.4),
+    ("sm_80", "fwd", 128): (3225, 4.7), ("sm_80", "fwd", 192): (3812, 10.9), ("sm_80", "fwd", 256): (3568, 6.5),
+    ("sm_90", "fwd", 32): (3045, 12.6), ("sm_90", "fwd", 64): (3579, 7.2), ("sm_90", "fwd", 96): (3545, 8.3),
+    ("sm_90", "fwd", 128): (3269, 4.6), ("sm_90", "fwd", 192): (3946, 10.9), ("sm_90", "fwd", 256): (3625, 6.3),
+})
+# The split-KV forward's plain set (issue 34, flash_fwd_split.cuh: decode calls), as "split": its
+# figures with issue 33's 32-bit shared addresses (2026-11-27, bf16 = f16) plus about 2%.
+PLAIN_BUDGET.update({
+    ("sm_80", "split", 32): (2644, 39.1), ("sm_80", "split", 64): (3060, 22.8), ("sm_80", "split", 96): (3480, 17.6),
+    ("sm_80", "split", 128): (3475, 11.9), ("sm_80", "split", 192): (3814, 21.8), ("sm_80", "split", 256): (3470, 12.2),
+    ("sm_90", "split", 32): (2682, 37.5), ("sm_90", "split", 64): (3095, 21.8), ("sm_90", "split", 96): (3552, 17.2),
+    ("sm_90", "split", 128): (3518, 11.4), ("sm_90", "split", 192): (3952, 21.5), ("sm_90", "split", 256): (3495, 11.6),
 })
 PLAIN = re.compile(r"^(fwd|bwd|fwd_split)_b?f16_d(\d+)$")
 # The plain sets' key loops (issue 33): at most these instructions and integer ops per HMMA in the
 # loop holding the most HMMA, per (arch, pass, head dim), f16 and bf16 alike (one decimal, as
-# printed). LOOP_BUDGET_SET below.
-LOOP_BUDGET: dict[tuple[str, str, int], tuple[float, float]] = {}
+# printed): the figures of 2026-11-27 plus about 2% (+0.05). Issue 33's bar for the forward at
+# D = 64 and 128 on sm_80 is 6 and 1.5; the split kernel (decode, one general loop) and the
+# backward (issue 33 part 2) hold today's figures.
+LOOP_BUDGET: dict[tuple[str, str, int], tuple[float, float]] = {
+    ("sm_80", "fwd", 32): (7.8, 0.4), ("sm_80", "fwd", 64): (5.0, 0.3), ("sm_80", "fwd", 96): (4.7, 0.6),
+    ("sm_80", "fwd", 128): (3.9, 0.3), ("sm_80", "fwd", 192): (4.6, 0.7), ("sm_80", "fwd", 256): (5.3, 1.7),
+    ("sm_80", "split", 32): (41.6, 10.2), ("sm_80", "split", 64): (23.2, 5.9), ("sm_80", "split", 96): (18.1, 5.4),
+    ("sm_80", "split", 128): (13.8, 3.6), ("sm_80", "split", 192): (17.8, 7.9), ("sm_80", "split", 256): (11.7, 3.7),
+    ("sm_80", "bwd", 32): (27.9, 10.9), ("sm_80", "bwd", 64): (17.4, 7.0), ("sm_80", "bwd", 96): (13.6, 5.3),
+    ("sm_80", "bwd", 128): (13.2, 6.8), ("sm_80", "bwd", 192): (11.9, 4.5), ("sm_80", "bwd", 256): (10.5, 4.3),
+    ("sm_90", "fwd", 32): (7.8, 0.4), ("sm_90", "fwd", 64): (5.0, 0.3), ("sm_90", "fwd", 96): (4.7, 0.6),
+    ("sm_90", "fwd", 128): (3.9, 0.3), ("sm_90", "fwd", 192): (4.5, 0.7), ("sm_90", "fwd", 256): (5.3, 1.5),
+    ("sm_90", "split", 32): (41.9, 9.3), ("sm_90", "split", 64): (23.4, 5.5), ("sm_90", "split", 96): (18.6, 5.4),
+    ("sm_90", "split", 128): (13.9, 3.4), ("sm_90", "split", 192): (18.6, 7.9), ("sm_90", "split", 256): (11.6, 3.4),
+    ("sm_90", "bwd", 32): (29.2, 10.2), ("sm_90", "bwd", 64): (18.5, 6.3), ("sm_90", "bwd", 96): (14.7, 5.6),
+    ("sm_90", "bwd", 128): (14.2, 6.0), ("sm_90", "bwd", 192): (13.6, 5.8), ("sm_90", "bwd", 256): (11.7, 3.9),
+}
+# The bar itself, checked beside the budget: a budget raised past it fails too.
+LOOP_BAR = {("fwd", 64): (6.0, 1.5), ("fwd", 128): (6.0, 1.5)}
 
 # USETMAXREG.DEALLOC n (setmaxnreg.dec) / USETMAXREG.TRY_ALLOC UPx, n (setmaxnreg.inc, retried until
 # the block's pool grants it).
@@ -325,7 +349,8 @@ def check_loop_budget(rows) -> tuple[list[str], int]:
             over.append(f"{arch} {fn}: no loop holds an HMMA")
             continue
         per, ints = round(lp["insts_per_hmma"], 1), round(lp["int_per_hmma"], 1)
-        if per > budget[0] or ints > budget[1]:
+        bar = LOOP_BAR.get((m.group(1), int(m.group(2))), (float("inf"),) * 2) if arch == "sm_80" else (float("inf"),) * 2
+        if per > min(budget[0], bar[0]) or ints > min(budget[1], bar[1]):
             over.append(f"{arch} {fn}: key loop {lp['insts']} instructions for {lp['hmma']} HMMA: {per:.1f} per HMMA "
                         f"(budget {budget[0]:.1f}), {ints:.1f} integer ops per HMMA (budget {budget[1]:.1f})")
     return over, checked
