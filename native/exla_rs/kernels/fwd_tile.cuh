@@ -1,15 +1,14 @@
 // One key tile of the mma.sync forward's main loop, the pieces flash_fwd.cuh and
 // flash_fwd_split.cuh share: S = Q K^T, the log2-domain scores, the interval and key_mask test,
 // the non-finite-V guard, the online softmax and O += P V. The two kernels differ only in where a
-// thread's two rows come from (a query block of one head, or packed rows of a GQA group) and in
-// what they do around these steps (bias and ALiBi per row, dropout, warps with no real row), so
-// each step takes the rows' data as arguments. All of it is inlined: the SASS of every kernel
-// file is what it was when each kernel spelled the steps out, but for the masked sets' rare
-// non-finite-V path, where the bias test's bool costs +-8 instructions (2026-11-27, all 256 images
-// compared).
+// thread's rows come from (a query block of one head, or packed rows of a GQA group) and in what
+// they do around these steps (bias and ALiBi per row, dropout, warps with no real row), so each
+// step takes the rows' data as arguments. All of it is inlined (when the steps moved here from
+// the two kernels, every image's SASS stayed what it was but for the masked sets' rare
+// non-finite-V path, +-8 instructions: 2026-11-27).
 //
-// A warp's rows are MF m16n8k16 A fragments of 16 rows (MF = 2 in flash_fwd up to D = 128, so each
-// K/V fragment from ldmatrix feeds 2 MF mma; 1 in the split kernel and above D = 128). In fragment
+// A warp's rows are MF m16n8k16 A fragments of 16 rows (MF = 2 in flash_fwd up to D = 64, so each
+// K/V fragment from ldmatrix feeds 2 MF mma; 1 in the split kernel and above D = 64). In fragment
 // mf the thread holds rows g and g + 8 (g = lane / 4) and, of each n8 column tile j, columns
 // tig * 2 and tig * 2 + 1 (tig = lane % 4): s[mf][j][2 r + h] is row 16 mf + 8 r's element of key
 // n0 + j * 8 + tig * 2 + h, acc_o[mf][dt][2 r + h] its output column dt * 8 + tig * 2 + h. Per-row
