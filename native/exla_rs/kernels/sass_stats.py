@@ -440,24 +440,20 @@ def main() -> int:
             rc = 1
         print(f"# register pools: {sum(1 for *_, p in pools if not p['problem'])} of {len(pools)} setmaxnreg kernel images fit; "
               f"self-test (48/232 at D = 256 rejected, 40/232 accepted) {'FAILED' if err else 'ok'}", file=sys.stderr)
-    if a.check:
-        over, checked = check_plain_budget(rows)
+    budget_checks = [(a.check, check_plain_budget, "OVER BUDGET", "a budget (sm_80 / sm_90 fwd/bwd f16/bf16)",
+                      "# plain set: {} of {} kernel images within budget"),
+                     (a.check_loop, check_loop_budget, "KEY LOOP OVER BUDGET", "a key-loop budget",
+                      "# key loops: {} of {} plain-set kernel images within LOOP_BUDGET")]
+    for wanted, check, over_tag, none_what, summary in budget_checks:
+        if not wanted:
+            continue
+        over, checked = check(rows)
         for line in over:
-            print(f"OVER BUDGET: {line}", file=sys.stderr)
+            print(f"{over_tag}: {line}", file=sys.stderr)
         if not checked:
-            print("sass_stats: no plain-set kernel image with a budget (sm_80 / sm_90 fwd/bwd f16/bf16)", file=sys.stderr)
+            print(f"sass_stats: no plain-set kernel image with {none_what}", file=sys.stderr)
             return 1
-        print(f"# plain set: {checked - len(over)} of {checked} kernel images within budget", file=sys.stderr)
-        if over:
-            rc = 1
-    if a.check_loop:
-        over, checked = check_loop_budget(rows)
-        for line in over:
-            print(f"KEY LOOP OVER BUDGET: {line}", file=sys.stderr)
-        if not checked:
-            print("sass_stats: no plain-set kernel image with a key-loop budget", file=sys.stderr)
-            return 1
-        print(f"# key loops: {checked - len(over)} of {checked} plain-set kernel images within LOOP_BUDGET", file=sys.stderr)
+        print(summary.format(checked - len(over), checked), file=sys.stderr)
         if over:
             rc = 1
     if a.check_spills:
