@@ -64,6 +64,23 @@ EXLA_RS_DEVICE float dot_lane(const float* a, const typename T::Storage* src) {
   return (acc[0] + acc[1]) + (acc[2] + acc[3]);
 }
 
+// One online-softmax step of a row over 32 keys, lane jj holding key jj's z (log2 domain; -inf
+// and seen false where the row does not see it): the running max m and sum l, o rescaled; returns
+// this lane's P. The max stays -inf only while every key so far was hidden (by the mask or a -inf
+// bias): then 0 stands in, so no -inf - -inf NaN (l and o are still 0).
+template <int E>
+EXLA_RS_DEVICE float simt_online_step(float z, bool seen, float& m, float& l, float (&o)[E]) {
+  const float m_new = fmaxf(m, warp_max(z));
+  const float m_use = m_new == neg_inf() ? 0.f : m_new;
+  const float alpha = ex2(m - m_use);
+  const float pr = seen ? ex2(z - m_use) : 0.f;
+  l = l * alpha + warp_sum(pr);
+  m = m_new;
+#pragma unroll
+  for (int e = 0; e < E; ++e) o[e] *= alpha;
+  return pr;
+}
+
 // M * s of entry (b, h, i, j). Each lane holds its own (row, key), so each computes its own x call
 // (in a warp that is one Philox per 32 entries, as many as sharing octets by shuffle would take)
 // and y only on a tie; Dropout::keep picks the word with selects (no local-memory array index).
@@ -149,20 +166,11 @@ __device__ __forceinline__ void simt_fwd(const FwdParams& p) {
     const float mine = vis ? (score(dot_lane<T, D>(sm.a, K + (long long)j * kv_stride), p.scale, p.softcap, p.softcap_inv) +
                               row.add(p.x, j)) * kLog2e
                            : neg_inf();
-    const float m_new = fmaxf(m, warp_max(mine));
-    // -inf only while every key so far was hidden (by the mask or a -inf bias): then 0 stands in,
-    // so no -inf - -inf NaN; l and o are still 0.
-    const float m_use = m_new == neg_inf() ? 0.f : m_new;
-    const float alpha = ex2(m - m_use);
-    const float pr = vis ? ex2(mine - m_use) : 0.f;
-    l = l * alpha + warp_sum(pr);
-    m = m_new;
+    const float pr = simt_online_step(mine, vis, m, l, o);
     // Dropout scales o only: the softmax (l, lse) is taken before it.
     const float pd = pr == 0.f ? 0.f : pr * row.keep_scale(j);
     sm.wa[lane] = pd;
     __syncwarp();  // the weights are visible to every lane
-#pragma unroll
-    for (int e = 0; e < E; ++e) o[e] *= alpha;
     for (unsigned left = __ballot_sync(0xffffffffu, pd != 0.f); left; left &= left - 1) {
       const int jj = __ffs(left) - 1;
       const float pj = sm.wa[jj];
@@ -433,19 +441,12 @@ __device__ __forceinline__ void simt_fwd_split(const SplitParams& sp) {
         z[r] = (score(acc[r], p.scale, p.softcap, p.softcap_inv) + add) * kLog2e;
       }
     }
-    // Online softmax per row over the 32 keys (as simt_fwd); the weights go to shared memory.
+    // Online softmax per row over the 32 keys (simt_online_step, as simt_fwd); the weights go to shared memory.
     unsigned used = 0;
 #pragma unroll
     for (int r = 0; r < R; ++r) {
       if (r >= nr) break;  // warp-uniform
-      const float m_new = fmaxf(m[r], warp_max(z[r]));
-      const float m_use = m_new == neg_inf() ? 0.f : m_new;
-      const float alpha = ex2(m[r] - m_use);
-      const float pr = seen[r] ? ex2(z[r] - m_use) : 0.f;
-      l[r] = l[r] * alpha + warp_sum(pr);
-      m[r] = m_new;
-#pragma unroll
-      for (int e = 0; e < E; ++e) o[r][e] *= alpha;
+      const float pr = simt_online_step(z[r], seen[r], m[r], l[r], o[r]);
       sw[r * 32 + lane] = pr;
       used |= __ballot_sync(0xffffffffu, pr != 0.f);
     }
