@@ -116,6 +116,20 @@ pub(crate) const NO_EXT: RowExtra = RowExtra { add: core::ptr::null(), alibi: 0.
 /// Column offsets within one vector, for the ALiBi distance.
 pub(crate) static IOTA: [f32; 16] = [0., 1., 2., 3., 4., 5., 6., 7., 8., 9., 10., 11., 12., 13., 14., 15.];
 
+/// Packs `m × k` of A, `A[i, p] = at(i, p)`, for [`Isa::gemm_packed_a`] with panels of `rows`
+/// (its `GEMM_ROWS`): `A[i, p]` goes to `dst[(i - i % rows)·k + p·rows + i % rows]`. `dst` holds
+/// `round_up(m, rows)·k` floats; the last panel's rows past `m` are never read.
+#[inline]
+pub(crate) fn pack_a(m: usize, k: usize, rows: usize, dst: &mut [f32], at: impl Fn(usize, usize) -> f32) {
+    assert!(dst.len() >= m.div_ceil(rows) * rows * k, "pack_a: dst holds {} floats, {m}×{k} in panels of {rows} need more", dst.len());
+    for i in 0..m {
+        let panel = &mut dst[(i - i % rows) * k + i % rows..];
+        for p in 0..k {
+            panel[p * rows] = at(i, p);
+        }
+    }
+}
+
 /// The kernels of one instruction set.
 ///
 /// # Safety
@@ -126,7 +140,15 @@ pub(crate) trait Isa: Send + Sync + 'static {
     const SCALAR: bool;
     /// f32 lanes per vector: every `n` handed to [`Isa::gemm`] is a multiple of it.
     const LANES: usize;
+    /// Rows of A one micro-kernel call of [`Isa::gemm`] broadcasts from: the packed layout's
+    /// panel height ([`pack_a`]).
+    const GEMM_ROWS: usize;
     unsafe fn gemm(g: Gemm);
+    /// [`Isa::gemm`] with A packed by [`pack_a`] with this family's [`Isa::GEMM_ROWS`]
+    /// (`g.a_rs`/`g.a_cs` unread): for an A that many products read (the forward's query block,
+    /// read once per key tile), so each step's broadcasts come from one short run of memory
+    /// instead of `GEMM_ROWS` rows a row stride apart.
+    unsafe fn gemm_packed_a(g: Gemm);
     /// `out[i·out_rs + j] = Σ_{t<dp} q[i·q_rs + t]·k[j·k_rs + t]` for rows `i < rows`, keys `j < n`
     /// (`dp` a multiple of the lane count): a few query rows against many keys, each key row read
     /// once for all rows (the decode path's scores; a GEMM would pad the rows to a whole vector).
@@ -189,7 +211,7 @@ macro_rules! isa_kernels {
 
             $(#[$feat])?
             #[inline]
-            unsafe fn micro<const R: usize, const NV: usize>(g: &Gemm, i0: usize, j0: usize) {
+            unsafe fn micro<const R: usize, const NV: usize, const PACKED: bool>(g: &Gemm, i0: usize, j0: usize) {
                 let mut acc: [[V; NV]; R] = [[s::zero(); NV]; R];
                 let c = g.c.add(i0 * g.ldc + j0);
                 if g.accumulate {
@@ -199,16 +221,18 @@ macro_rules! isa_kernels {
                         }
                     }
                 }
-                let a = g.a.add(i0 * g.a_rs);
+                // Packed A ([`Isa::gemm_packed_a`]): the group's R_MAIN-row panel, its column p
+                // one run of R_MAIN floats, so the R broadcasts of a step read one or two lines.
+                let (a, a_rs, a_cs) = if PACKED { (g.a.add(i0 * g.k), 1, R_MAIN) } else { (g.a.add(i0 * g.a_rs), g.a_rs, g.a_cs) };
                 let mut b = g.b.add(j0);
                 for p in 0..g.k {
                     let mut bv: [V; NV] = [s::zero(); NV];
                     for v in 0..NV {
                         bv[v] = s::load(b.add(v * L));
                     }
-                    let ap = a.add(p * g.a_cs);
+                    let ap = a.add(p * a_cs);
                     for r in 0..R {
-                        let av = s::splat(*ap.add(r * g.a_rs));
+                        let av = s::splat(*ap.add(r * a_rs));
                         for v in 0..NV {
                             acc[r][v] = s::fma(av, bv[v], acc[r][v]);
                         }
@@ -225,20 +249,20 @@ macro_rules! isa_kernels {
             /// Picks the micro-kernel instance for an `r × nv` edge block.
             $(#[$feat])?
             #[inline]
-            unsafe fn micro_dyn<const NV: usize>(g: &Gemm, r: usize, i0: usize, j0: usize) {
+            unsafe fn micro_dyn<const NV: usize, const PACKED: bool>(g: &Gemm, r: usize, i0: usize, j0: usize) {
                 match r {
-                    1 => micro::<1, NV>(g, i0, j0),
-                    2 => micro::<2, NV>(g, i0, j0),
-                    3 => micro::<3, NV>(g, i0, j0),
-                    4 => micro::<4, NV>(g, i0, j0),
-                    5 => micro::<5, NV>(g, i0, j0),
-                    _ => micro::<{ R_MAIN }, NV>(g, i0, j0),
+                    1 => micro::<1, NV, PACKED>(g, i0, j0),
+                    2 => micro::<2, NV, PACKED>(g, i0, j0),
+                    3 => micro::<3, NV, PACKED>(g, i0, j0),
+                    4 => micro::<4, NV, PACKED>(g, i0, j0),
+                    5 => micro::<5, NV, PACKED>(g, i0, j0),
+                    _ => micro::<{ R_MAIN }, NV, PACKED>(g, i0, j0),
                 }
             }
 
             $(#[$feat])?
             #[allow(clippy::modulo_one)] // L = 1 in the scalar instance
-            unsafe fn gemm(g: Gemm) {
+            unsafe fn gemm<const PACKED: bool>(g: Gemm) {
                 debug_assert!(g.n % L == 0);
                 let nvec = g.n / L;
                 let mut jv = 0;
@@ -253,10 +277,10 @@ macro_rules! isa_kernels {
                         let r = (g.m - i).min(R_MAIN);
                         pf.step();
                         match nv {
-                            1 => micro_dyn::<1>(&g, r, i, jv * L),
-                            2 if NV_MAIN >= 2 => micro_dyn::<2>(&g, r, i, jv * L),
-                            3 if NV_MAIN >= 3 => micro_dyn::<3>(&g, r, i, jv * L),
-                            _ => micro_dyn::<{ NV_MAIN }>(&g, r, i, jv * L),
+                            1 => micro_dyn::<1, PACKED>(&g, r, i, jv * L),
+                            2 if NV_MAIN >= 2 => micro_dyn::<2, PACKED>(&g, r, i, jv * L),
+                            3 if NV_MAIN >= 3 => micro_dyn::<3, PACKED>(&g, r, i, jv * L),
+                            _ => micro_dyn::<{ NV_MAIN }, PACKED>(&g, r, i, jv * L),
                         }
                         i += r;
                     }
@@ -544,8 +568,12 @@ macro_rules! isa_kernels {
             impl Isa for Kernels {
                 const SCALAR: bool = L == 1;
                 const LANES: usize = L;
+                const GEMM_ROWS: usize = R_MAIN;
                 unsafe fn gemm(g: Gemm) {
-                    gemm(g)
+                    gemm::<false>(g)
+                }
+                unsafe fn gemm_packed_a(g: Gemm) {
+                    gemm::<true>(g)
                 }
                 #[allow(clippy::too_many_arguments)]
                 unsafe fn dots(q: *const f32, q_rs: usize, rows: usize, k: *const f32, k_rs: usize, n: usize, dp: usize, out: *mut f32, out_rs: usize) {
