@@ -149,6 +149,9 @@ pub(crate) trait Isa: Send + Sync + 'static {
     /// read once per key tile), so each step's broadcasts come from one short run of memory
     /// instead of `GEMM_ROWS` rows a row stride apart.
     unsafe fn gemm_packed_a(g: Gemm);
+    /// `dst[c·dld + r] = src[r·sld + c]` for `r < rows`, `c < cols`: a probability tile turned
+    /// key-major, so `P·V` broadcasts each key's weights of consecutive rows from one run.
+    unsafe fn transpose(src: *const f32, sld: usize, rows: usize, cols: usize, dst: *mut f32, dld: usize);
     /// `out[i·out_rs + j] = Σ_{t<dp} q[i·q_rs + t]·k[j·k_rs + t]` for rows `i < rows`, keys `j < n`
     /// (`dp` a multiple of the lane count): a few query rows against many keys, each key row read
     /// once for all rows (the decode path's scores; a GEMM would pad the rows to a whole vector).
@@ -285,6 +288,23 @@ macro_rules! isa_kernels {
                         i += r;
                     }
                     jv += nv;
+                }
+            }
+
+            $(#[$feat])?
+            unsafe fn transpose(src: *const f32, sld: usize, rows: usize, cols: usize, dst: *mut f32, dld: usize) {
+                let (r8, c8) = (rows - rows % 8, cols - cols % 8);
+                for r in (0..r8).step_by(8) {
+                    for c in (0..c8).step_by(8) {
+                        s::transpose8x8(src.add(r * sld + c), sld, dst.add(c * dld + r), dld);
+                    }
+                }
+                // The ragged edges, one value at a time.
+                for r in 0..rows {
+                    let c0 = if r < r8 { c8 } else { 0 };
+                    for c in c0..cols {
+                        *dst.add(c * dld + r) = *src.add(r * sld + c);
+                    }
                 }
             }
 
@@ -574,6 +594,9 @@ macro_rules! isa_kernels {
                 }
                 unsafe fn gemm_packed_a(g: Gemm) {
                     gemm::<true>(g)
+                }
+                unsafe fn transpose(src: *const f32, sld: usize, rows: usize, cols: usize, dst: *mut f32, dld: usize) {
+                    transpose(src, sld, rows, cols, dst, dld)
                 }
                 #[allow(clippy::too_many_arguments)]
                 unsafe fn dots(q: *const f32, q_rs: usize, rows: usize, k: *const f32, k_rs: usize, n: usize, dp: usize, out: *mut f32, out_rs: usize) {
