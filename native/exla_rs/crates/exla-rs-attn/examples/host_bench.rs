@@ -4,6 +4,8 @@
 //! D=128, f32 and bf16, in GB/s of K+V read.
 //! `host_bench peak`: this core's f32 FMA peak (12 independent AVX2 FMA chains, registers only),
 //! the roofline the f32 kernels are held against.
+//! `host_bench bandwidth [MiB] [reps]`: this machine's read bandwidth, every core summing its share
+//! of one f32 buffer (1 GiB by default, far past the caches): the roof decode is held against.
 
 use exla_rs_attn::host::{backward, forward, BwdInputs, BwdOutputs, FwdInputs, FwdOutputs};
 use exla_rs_attn::{AttnOptions, AttnShape};
@@ -60,7 +62,55 @@ unsafe fn fma_peak() -> f64 {
     (iters * 12 * 16) as f64 / s / 1e9
 }
 
+/// The sum of `x`, eight independent AVX2 accumulators (a read loop no core's FP latency limits).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn sum_avx2(x: &[f32]) -> f32 {
+    use std::arch::x86_64::*;
+    let mut acc = [_mm256_setzero_ps(); 8];
+    let chunks = x.chunks_exact(64);
+    let tail: f32 = chunks.remainder().iter().sum();
+    for c in chunks {
+        for (i, a) in acc.iter_mut().enumerate() {
+            *a = _mm256_add_ps(*a, _mm256_loadu_ps(c.as_ptr().add(8 * i)));
+        }
+    }
+    let mut lanes = [0f32; 8];
+    _mm256_storeu_ps(lanes.as_mut_ptr(), acc.iter().fold(_mm256_setzero_ps(), |s, &a| _mm256_add_ps(s, a)));
+    lanes.iter().sum::<f32>() + tail
+}
+
+/// GB/s of every core reading its share of a `mib` MiB buffer once (best of `reps`).
+fn bandwidth(mib: usize, reps: usize) {
+    use rayon::prelude::*;
+    let buf = vec![1f32; (mib << 20) / 4];
+    let threads = rayon::current_num_threads();
+    let share = buf.len().div_ceil(threads);
+    let sum = |x: &[f32]| -> f32 {
+        #[cfg(target_arch = "x86_64")]
+        if is_x86_feature_detected!("avx2") {
+            // SAFETY: the CPU has AVX2 (checked).
+            return unsafe { sum_avx2(x) };
+        }
+        x.iter().sum()
+    };
+    let best = (0..reps.max(1))
+        .map(|_| {
+            let t = Instant::now();
+            let s: f32 = buf.par_chunks(share).map(sum).sum();
+            std::hint::black_box(s);
+            t.elapsed().as_secs_f64()
+        })
+        .fold(f64::INFINITY, f64::min);
+    println!("read bandwidth: {:.1} GB/s ({mib} MiB, {threads} threads, best of {reps})", (mib << 20) as f64 / best / 1e9);
+}
+
 fn main() {
+    if std::env::args().nth(1).as_deref() == Some("bandwidth") {
+        let args: Vec<usize> = std::env::args().skip(2).filter_map(|a| a.parse().ok()).collect();
+        bandwidth(args.first().copied().unwrap_or(1024), args.get(1).copied().unwrap_or(10));
+        return;
+    }
     #[cfg(target_arch = "x86_64")]
     if std::env::args().nth(1).as_deref() == Some("peak") {
         // SAFETY: only called where the CPU has AVX2 and FMA.
