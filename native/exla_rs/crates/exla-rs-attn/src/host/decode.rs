@@ -3,16 +3,24 @@
 //! and gives each query head its own task, so a one-row call reads the cache `g` times (GQA) and
 //! writes a converted copy of it first: bound by that copy, not by the one read the work needs.
 //!
-//! Here the cache is read once, in place and in its own type:
+//! Here the cache is read once, in place and in its own type, and at the machine's read bandwidth
+//! (issue 35 part 4; bench/RESULTS.md has the figures):
 //! - A task is (batch, chunk of keys) (flash-decoding's split over the keys, so a batch of one
 //!   still fills every core), every kv head and the `R = g·Sq` query rows that read each.
-//! - Per sub-block of keys (up to [`SUB`]) it widens the K and V rows of every kv head (one
-//!   contiguous run of the cache, read in order: the hardware prefetchers stream it; a task per
-//!   kv head reads rows `Hkv·D` elements apart, a new 4 KiB page each: this path's first
-//!   version did, at 4-7 GB/s here) into L2-resident f32 scratch; per kv head it computes the
-//!   scores with [`Isa::dots`] (each key row loaded once for all the head's query rows; Q
-//!   pre-scaled by `scale·log2(e)`), runs the online-softmax row kernel on each row, and adds
-//!   `P·V` into the task's f32 rows (GEMM).
+//! - A chunk's K (and V) rows of every kv head are one contiguous run of the cache. Per
+//!   sub-block of keys (`SUB_CACHE_BYTES` of K and V together, at most [`SUB`] keys) the scores
+//!   ([`Isa::dec_scores`]) and then `P·V` ([`Isa::dec_pv`], into the task's f32 rows) read that
+//!   run in place, in order (a key's row of every head before the next key), f16/bf16 widened in
+//!   registers: no converted copy is written and read back, and each key vector is loaded once
+//!   for up to 4 query rows (Q pre-scaled by `scale·log2(e)`). Between them the online-softmax
+//!   row kernel runs on each row.
+//! - Each phase asks for the rows the next one reads (cache hints spread over its steps): V
+//!   while the scores run, the next sub-block's K while `P·V` does. The hardware prefetchers
+//!   alone stop at every 4 KiB page (a key of every head is one page at D = 128, f32) and run
+//!   too little ahead for a core that also computes: without the hints the same code took 15%
+//!   (f32) to 35% (bf16) longer here (2-core Zen 3).
+//! - A head dim the vectors do not divide (D = 1, 8 on AVX-512, ...) is widened into padded f32
+//!   scratch a sub-block at a time instead, and read from there by the same kernels.
 //! - A second pass merges each row's chunks: `m = max m_c`, `l = Σ l_c·2^(m_c - m)`,
 //!   `o = Σ o_c·2^(m_c - m) / l`, `lse = (m + log2 l)·ln 2`. A row that sees no key anywhere gets
 //!   `o = 0`, `lse = -inf` (the contract's fully-masked row).
@@ -37,7 +45,8 @@ const SUB_BYTES: usize = 128 << 10;
 const MIN_CHUNK: usize = 256;
 /// Bytes of K and V together per sub-block where the cache is read in place: the kernels ask for
 /// the next phase's rows (V while the scores run, the next K while `P·V` does), so one sub-block's
-/// K and V are in L2 at once (512 KiB on the smallest L2 we target).
+/// K and V are in L2 at once (512 KiB on the smallest L2 we target). 128 KiB measured the same
+/// here, 512 KiB slower.
 const SUB_CACHE_BYTES: usize = 256 << 10;
 
 /// The `SRC_*` of an element type.
@@ -116,8 +125,7 @@ pub(super) fn run<T: HostElement, K: Isa>(shape: &AttnShape, opts: &AttnOptions,
     // The kernels read whole vectors: a head dim they divide is read in place, in the cache's own
     // type; any other is widened into padded f32 scratch a sub-block at a time.
     let in_place = d % K::LANES == 0;
-    let subb = std::env::var("DEC_SUBB").ok().and_then(|x| x.parse().ok()).unwrap_or(SUB_CACHE_BYTES);
-    let sub = if in_place { subb / (2 * row_elems * std::mem::size_of::<T>()) } else { SUB_BYTES / (hkv * dp * 4) };
+    let sub = if in_place { SUB_CACHE_BYTES / (2 * row_elems * std::mem::size_of::<T>()) } else { SUB_BYTES / (hkv * dp * 4) };
     let sub = (sub / PAD * PAD).clamp(PAD, SUB);
     let threads = rayon::current_num_threads().max(1);
     // Enough tasks for every core to get several (balance), chunks no shorter than MIN_CHUNK.
@@ -131,11 +139,10 @@ pub(super) fn run<T: HostElement, K: Isa>(shape: &AttnShape, opts: &AttnOptions,
     let qscale = opts.scale * LOG2_E;
     // Visibility depends on the query row i alone, so it is shared by every head.
     let row_range = |b: usize, i: usize| KeyRange::for_row(opts, sk, inp.kv_len[b], inp.q_start[b], i);
-    let pf_on = std::env::var("DEC_PF_OFF").is_err();
     let key_bytes = row_elems * std::mem::size_of::<T>();
     // Cache hints for keys j..e of x (every head's rows: one contiguous span), none for the copy.
     let plan = |x: &[T], j: usize, e: usize| {
-        if !in_place || !pf_on || j >= e {
+        if !in_place || j >= e {
             return Prefetch::NONE;
         }
         Prefetch { base: x[j * row_elems..].as_ptr() as *const u8, stride: 0, rows: 1, lines: ((e - j) * key_bytes).div_ceil(64) }

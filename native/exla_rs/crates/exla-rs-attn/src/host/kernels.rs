@@ -325,7 +325,9 @@ macro_rules! isa_kernels {
             $(#[$feat])?
             unsafe fn dec_scores<const W: u8>(q: HeadRows, rows: usize, heads: usize, k: &Cache, n: usize, out: HeadRows, pf: Prefetch) {
                 let size = k.size();
-                // The prefetch requests, spread evenly over the (step, head) pairs.
+                // The prefetch requests, spread evenly over the (step, head) pairs. (Spreading
+                // them further, one per vector step inside the micro-kernels, measured no
+                // faster for f32 and 5-10% slower for bf16.)
                 let mut pf = pf.spread(n.div_ceil(4) * heads);
                 let mut j = 0;
                 while j < n {
