@@ -3,8 +3,9 @@
 //! and gives each query head its own task, so a one-row call reads the cache `g` times (GQA) and
 //! writes a converted copy of it first: bound by that copy, not by the one read the work needs.
 //!
-//! Here the cache is read once, in place and in its own type, and at the machine's read bandwidth
-//! (issue 35 part 4; bench/RESULTS.md has the figures):
+//! Here the cache is read once, in place and in its own type, as close to the machine's read
+//! bandwidth as the kernels get (issue 35 part 4; on a 2-core Zen 3, 60-66% of it for f32 and
+//! 50-57% for bf16, where the old path read 39-55% and 29-38%: bench/RESULTS.md):
 //! - A task is (batch, chunk of keys) (flash-decoding's split over the keys, so a batch of one
 //!   still fills every core), every kv head and the `R = g·Sq` query rows that read each.
 //! - A chunk's K (and V) rows of every kv head are one contiguous run of the cache. Per
