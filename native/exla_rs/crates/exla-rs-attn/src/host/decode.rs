@@ -265,9 +265,9 @@ pub(super) fn run<T: HostElement, K: Isa>(shape: &AttnShape, opts: &AttnOptions,
                 } else {
                     // Row `row` of head `kvh` alone (all r rows where row is None).
                     let at = |x: HeadRows, kvh: usize, row: usize| HeadRows { ptr: x.ptr.wrapping_add(kvh * x.hs + row * x.rs), ..x };
-                    for kvh in 0..hkv {
+                    for (kvh, &bad) in v_bad.iter().enumerate() {
                         let vh = vc.head(kvh);
-                        if !v_bad[kvh] {
+                        if !bad {
                             // SAFETY: as above, for one head.
                             unsafe { K::dec_pv(at(srows, kvh, 0), r, 1, &vh, clo, chi, at(orows, kvh, 0), Prefetch::NONE) };
                             continue;

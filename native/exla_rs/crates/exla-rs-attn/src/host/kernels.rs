@@ -399,6 +399,7 @@ macro_rules! isa_kernels {
 
             /// [`Isa::dec_pv`] for one source type.
             $(#[$feat])?
+            #[allow(clippy::too_many_arguments)]
             unsafe fn dec_pv<const W: u8>(p: HeadRows, rows: usize, heads: usize, v: &Cache, a: usize, e: usize, o: HeadRows, pf: Prefetch) {
                 let (size, nvec) = (v.size(), v.d / L);
                 // The prefetch requests, spread evenly over the (group, head) pairs.
