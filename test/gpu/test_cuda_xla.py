@@ -370,6 +370,45 @@ def test_no_nan_from_hidden_nonfinite_values_or_dead_rows(cfg, dt):
     assert np.array_equal(got[1][lse_ok], want[1][lse_ok]) or np.allclose(got[1][lse_ok], want[1][lse_ok], atol=1e-5), ctx
 
 
+@pytest.mark.parametrize("dt", list(DTYPES))
+@pytest.mark.parametrize("d", [64, 128, 32])
+def test_backward_rows_with_lse_neg_inf_inside_fully_visible_tiles(d, dt):
+    """Rows the caller's lse marks fully masked (-inf), with NaN in their q and do, inside query
+    tiles that see every key of a block: the mma.sync backward runs such tiles in its lean loop
+    (no mask code), where those rows must still contribute nothing. dq of those rows is exactly 0,
+    and dq, dk, dv match the clean call with their do rows zero (which contribute nothing either);
+    a GQA group of 2 so the lean loop's steps cross query heads."""
+    skip_unless_sm90_forward(dt, d, forward_only_test=False)
+    b, sq, sk, h, hkv = 1, 150, 140, 4, 2
+    sd = seed()
+    rng = np.random.default_rng(sd)
+    dtype = DTYPES[dt]
+    q, do = (rng.standard_normal((b, sq, h, d)).astype(np.float32).astype(dtype) for _ in range(2))
+    k, v = (rng.standard_normal((b, sk, hkv, d)).astype(np.float32).astype(dtype) for _ in range(2))
+    kv, qs = np.array([sk], np.int32), np.zeros((b,), np.int32)
+    kw = dict(scale=1 / np.sqrt(d), window_left=-1, window_right=-1)
+    gq, gk, gv, gkv, gqs = on_gpu(q, k, v, kv, qs)
+    o, lse = ex.flash_attn_fwd(gq, gk, gv, gkv, gqs, platform=PLATFORM, **kw)
+    o, lse0 = np.asarray(o), np.asarray(lse)
+    # Dead rows in heads 1 and 2 (one of each kv head's group); heads 0 and 3 keep them clean.
+    dead, hd = [3, 40, 41, 77, 100], [1, 2]
+    sel = np.ix_(range(b), dead, hd)
+    pq, pdo, zdo, lse = q.copy(), do.copy(), do.copy(), lse0.copy()
+    pq[sel], pdo[sel], zdo[sel] = np.nan, np.nan, 0
+    lse[np.ix_(range(b), hd, dead)] = -np.inf
+
+    def run(q_, do_, lse_):
+        args = on_gpu(q_, k, v, kv, qs, o, lse_, do_)
+        return [np.asarray(x).astype(np.float32) for x in ex.flash_attn_bwd(*args, platform=PLATFORM, **kw)]
+
+    got, want = run(pq, pdo, lse), run(q, zdo, lse0)
+    ctx = f"d{d} {dt} seed={sd}"
+    assert np.all(got[0][sel] == 0), f"dq of the lse = -inf rows ({ctx})"
+    for what, gx, wx in zip(("dq", "dk", "dv"), got, want):
+        assert np.isfinite(gx).all(), f"{what}: non-finite ({ctx})"
+        assert rel_err(gx, wx) <= TOL[dt], f"{what}: rel err {rel_err(gx, wx):.2e} ({ctx})"
+
+
 @pytest.mark.parametrize("d", [64, 40], ids=["d64", "d40_padded"])
 @pytest.mark.parametrize("dt", list(DTYPES))
 @pytest.mark.parametrize("b,sq,sk", [(2, 0, 50), (2, 40, 0), (0, 40, 50)], ids=["no_queries", "no_keys", "no_batch"])

@@ -238,6 +238,22 @@ struct Mask {
     hi = (int)(t_hi < n_last ? t_hi : n_last);
     if (lo >= hi) lo = hi = n_last;
   }
+  // The backward's counterpart of full_tiles: of the query tiles i in [0, m_tiles) (rows
+  // m_first + i bm, + bm), those below seq_q that see every key of [n0, n1) (tile_full), as one
+  // range [lo, hi) (m_tiles, m_tiles when none). A tile is full iff its first row is at or past
+  // n1 - 1 - wr - q_start and its last at or before n0 + wl - q_start, both bounds fixed here.
+  EXLA_RS_DEVICE void full_row_tiles(int n0, int n1, int bm, int m_first, int m_tiles, int& lo, int& hi) const {
+    lo = hi = m_tiles;
+    if (n1 > kv_end || n0 >= n1) return;
+    const long long a = wr < 0 ? (long long)m_first : (long long)(n1 - 1) - q_start - wr;  // m0 >= a
+    long long z = (long long)seq_q - bm;                                                   // m0 <= z
+    if (wl >= 0 && (long long)n0 - q_start + wl - (bm - 1) < z) z = (long long)n0 - q_start + wl - (bm - 1);
+    if (z < m_first) return;
+    const long long t_lo = a <= m_first ? 0 : (a - m_first + bm - 1) / bm;
+    long long t_hi = (z - m_first) / bm + 1;
+    if (t_hi > m_tiles) t_hi = m_tiles;
+    if (t_lo < t_hi) lo = (int)t_lo, hi = (int)t_hi;
+  }
   // True when every (row in [r0, r1), key in [n0, n1)) pair is visible: no per-element test needed.
   EXLA_RS_DEVICE bool tile_full(int r0, int r1, int n0, int n1) const {
     return n1 <= kv_end && (wl < 0 || (long long)n0 >= q_start + (r1 - 1) - wl) &&
@@ -260,6 +276,26 @@ struct Swz {
     int blk = col / W, c = (col % W) >> 3, e = col & 7;
     int cs = (W == 64) ? (c ^ (row & 7)) : (c ^ ((row >> 1) & 3));
     return blk * (ROWS * W) + row * W + (cs << 3) + e;
+  }
+};
+
+// 32-bit shared-memory byte addresses in a Swz<ROWS, COLS> tile (the key loops of flash_fwd.cuh and
+// flash_bwd.cuh). A thread's ldmatrix row address is (row_t + R, col_t + C) with its own row_t
+// (any) and col_t (0 or 8, the half of a k16 step) and the loop's R (a multiple of 8, so the row
+// swizzle is the thread's own) and C (a multiple of 16): the swizzled chunk is then
+// ((C % W) / 8) ^ (the thread's chunk), so with a = tile + thread_off (the tile 2W-byte aligned:
+// the chunk bits of a are the thread's) the address is (a ^ chunk constant) + (block and row
+// constant): one LOP3 per distinct C % W for a tile base that changes (the stage), nothing for one
+// that does not. More generally col_t may be any column whose chunk within its block,
+// (col_t % W) / 8, shares no bit with the loop's (C % W) / 8 (a whole block, a thread's 32-column
+// slice beside a loop over its two 16-column halves, an element offset inside the chunk): the
+// chunks then add without carry, which is the XOR.
+template <int ROWS, int COLS>
+struct SwzAddr {
+  static constexpr int W = Swz<ROWS, COLS>::W;
+  static EXLA_RS_DEVICE unsigned thread_off(int row_t, int col_t) { return 2u * (unsigned)Swz<ROWS, COLS>::off(row_t, col_t); }
+  static EXLA_RS_DEVICE unsigned at(unsigned a, int R, int C) {
+    return (a ^ (unsigned)(((C % W) / 8) << 4)) + 2u * (unsigned)((C / W) * ROWS * W + R * W);
   }
 };
 

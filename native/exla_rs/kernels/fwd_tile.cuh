@@ -24,22 +24,6 @@
 
 namespace exla_rs {
 
-// 32-bit shared-memory byte addresses in a Swz<ROWS, COLS> tile. A thread's ldmatrix row address
-// is (row_t + R, col_t + C) with its own row_t (any) and col_t (0 or 8, the half of a k16 step) and
-// the loop's R (a multiple of 8, so the row swizzle is the thread's own) and C (a multiple of 16):
-// the swizzled chunk is then ((C % W) / 8) ^ (the thread's chunk), so with a = tile + thread_off
-// (the tile 2W-byte aligned: the chunk bits of a are the thread's) the address is
-// (a ^ chunk constant) + (block and row constant): one LOP3 per distinct C % W for a tile base that
-// changes (the stage), nothing for one that does not.
-template <int ROWS, int COLS>
-struct SwzAddr {
-  static constexpr int W = Swz<ROWS, COLS>::W;
-  static EXLA_RS_DEVICE unsigned thread_off(int row_t, int col_t) { return 2u * (unsigned)Swz<ROWS, COLS>::off(row_t, col_t); }
-  static EXLA_RS_DEVICE unsigned at(unsigned a, int R, int C) {
-    return (a ^ (unsigned)(((C % W) / 8) << 4)) + 2u * (unsigned)((C / W) * ROWS * W + R * W);
-  }
-};
-
 // The thread's ldmatrix bases (before the tile's shared address is added): Q (A operand, row-major:
 // lanes 0-15 rows, lanes 16-31 the upper 8 columns), K (B operand of Q K^T: matrices 0/1 keys 0-7 at
 // k 0/8, 2/3 keys 8-15) and V (B operand of P V, transposed: matrices 0/1 keys 0-7/8-15 at column 0,

@@ -62,6 +62,17 @@ PLAIN_BUDGET = {
     ("sm_90", "bwd", 32): (3926, 24.4), ("sm_90", "bwd", 64): (4275, 14.2), ("sm_90", "bwd", 96): (4750, 9.8),
     ("sm_90", "bwd", 128): (3691, 11.2), ("sm_90", "bwd", 192): (3933, 12.6), ("sm_90", "bwd", 256): (3528, 9.7),
 }
+# The backward's plain set since issue 33 part 1 (2026-11-28, bf16 = f16, plus about 2%): a lean
+# loop for the query tiles that see every key of the block beside the general one (not at
+# D = 192, which keeps the general loop alone), so the kernel holds 30-38% more instructions
+# while the loop those tiles run holds 3.1-5.6 instructions per HMMA instead of 10.7-29.8
+# (LOOP_BUDGET); integer ops per HMMA of the whole kernel fell by a third or more.
+PLAIN_BUDGET.update({
+    ("sm_80", "bwd", 32): (3931, 12.0), ("sm_80", "bwd", 64): (4471, 6.7), ("sm_80", "bwd", 96): (5535, 5.7),
+    ("sm_80", "bwd", 128): (4087, 5.9), ("sm_80", "bwd", 192): (3375, 11.8), ("sm_80", "bwd", 256): (3960, 5.8),
+    ("sm_90", "bwd", 32): (4093, 11.5), ("sm_90", "bwd", 64): (4752, 5.8), ("sm_90", "bwd", 96): (5911, 5.6),
+    ("sm_90", "bwd", 128): (4373, 5.7), ("sm_90", "bwd", 192): (3758, 12.0), ("sm_90", "bwd", 256): (4282, 5.4),
+})
 # The forward's plain set since issue 33 (2026-11-27, bf16 = f16, plus about 2%): two key loops, a
 # lean one for the interior tiles and the general one with the mask code, so the kernel holds
 # more instructions (the instruction budget grew by 10-37%) while the loop the interior tiles run
@@ -85,24 +96,26 @@ PLAIN = re.compile(r"^(fwd|bwd|fwd_split)_b?f16_d(\d+)$")
 # The plain sets' key loops (issue 33): at most these instructions and integer ops per HMMA in the
 # loop holding the most HMMA, per (arch, pass, head dim), f16 and bf16 alike (one decimal, as
 # printed): the figures of 2026-11-27 plus about 2% (+0.05). Issue 33's bar for the forward at
-# D = 64 and 128 on sm_80 is 6 and 1.5; the split kernel (decode, one general loop) and the
-# backward (issue 33 part 2) hold today's figures.
+# D = 64 and 128 on sm_80 is 6 and 1.5; the split kernel (decode, one general loop) holds today's
+# figures. The backward's (2026-11-28, plus about 2%): its lean loop (issue 33 part 1) at every
+# D but 192, whose general loop keeps the figures it had; the bar at D = 64 and 128 on sm_80 is 8
+# and 2.
 LOOP_BUDGET: dict[tuple[str, str, int], tuple[float, float]] = {
     ("sm_80", "fwd", 32): (7.8, 0.4), ("sm_80", "fwd", 64): (5.0, 0.3), ("sm_80", "fwd", 96): (4.7, 0.6),
     ("sm_80", "fwd", 128): (3.9, 0.3), ("sm_80", "fwd", 192): (4.6, 0.7), ("sm_80", "fwd", 256): (4.4, 0.8),
     ("sm_80", "split", 32): (41.6, 10.2), ("sm_80", "split", 64): (23.2, 5.9), ("sm_80", "split", 96): (18.1, 5.4),
     ("sm_80", "split", 128): (13.8, 3.6), ("sm_80", "split", 192): (17.8, 7.9), ("sm_80", "split", 256): (11.7, 3.7),
-    ("sm_80", "bwd", 32): (27.9, 10.9), ("sm_80", "bwd", 64): (17.4, 7.0), ("sm_80", "bwd", 96): (13.6, 5.3),
-    ("sm_80", "bwd", 128): (13.2, 6.8), ("sm_80", "bwd", 192): (11.9, 4.5), ("sm_80", "bwd", 256): (10.5, 4.3),
+    ("sm_80", "bwd", 32): (5.7, 1.0), ("sm_80", "bwd", 64): (3.8, 0.6), ("sm_80", "bwd", 96): (3.7, 0.8),
+    ("sm_80", "bwd", 128): (3.2, 0.6), ("sm_80", "bwd", 192): (12.2, 5.4), ("sm_80", "bwd", 256): (3.2, 0.5),
     ("sm_90", "fwd", 32): (7.8, 0.4), ("sm_90", "fwd", 64): (5.0, 0.3), ("sm_90", "fwd", 96): (4.7, 0.6),
     ("sm_90", "fwd", 128): (3.9, 0.3), ("sm_90", "fwd", 192): (4.5, 0.7), ("sm_90", "fwd", 256): (4.4, 0.8),
     ("sm_90", "split", 32): (41.9, 9.3), ("sm_90", "split", 64): (23.4, 5.5), ("sm_90", "split", 96): (18.6, 5.4),
     ("sm_90", "split", 128): (13.9, 3.4), ("sm_90", "split", 192): (18.6, 7.9), ("sm_90", "split", 256): (11.6, 3.4),
-    ("sm_90", "bwd", 32): (29.2, 10.2), ("sm_90", "bwd", 64): (18.5, 6.3), ("sm_90", "bwd", 96): (14.7, 5.6),
-    ("sm_90", "bwd", 128): (14.2, 6.0), ("sm_90", "bwd", 192): (13.6, 5.8), ("sm_90", "bwd", 256): (11.7, 3.9),
+    ("sm_90", "bwd", 32): (5.7, 1.0), ("sm_90", "bwd", 64): (3.8, 0.7), ("sm_90", "bwd", 96): (3.7, 0.9),
+    ("sm_90", "bwd", 128): (3.2, 0.6), ("sm_90", "bwd", 192): (13.6, 5.7), ("sm_90", "bwd", 256): (3.2, 0.5),
 }
 # The bar itself, checked beside the budget: a budget raised past it fails too.
-LOOP_BAR = {("fwd", 64): (6.0, 1.5), ("fwd", 128): (6.0, 1.5)}
+LOOP_BAR = {("fwd", 64): (6.0, 1.5), ("fwd", 128): (6.0, 1.5), ("bwd", 64): (8.0, 2.0), ("bwd", 128): (8.0, 2.0)}
 
 # USETMAXREG.DEALLOC n (setmaxnreg.dec) / USETMAXREG.TRY_ALLOC UPx, n (setmaxnreg.inc, retried until
 # the block's pool grants it).
@@ -213,6 +226,9 @@ def parse_dumps(sass: str, res_usage: str, elf: str = "") -> dict[tuple[str, str
             if op == "BRA":
                 b = BRA_TARGET.search(m.group(4))
                 tgt = int(b.group(1), 16) if b else None
+            # An unpredicated EXIT is marked as the pseudo-target "exit" (key_loop).
+            if op == "EXIT" and not m.group(2):
+                tgt = "exit"
             out[(arch, fn)]["insns"].append((int(m.group(1), 16), op, tgt))
             r = SETMAXNREG.search(line)
             if r:
@@ -276,11 +292,17 @@ def regpool_selftest() -> str | None:
 def key_loop(insns: list) -> dict | None:
     """The loop holding the most HMMA (ties: the fewest instructions) of one kernel's instruction
     list [(address, opcode, branch target or None)], or None without a loop holding one. A loop is
-    [target, branch] of a backward BRA."""
+    [target, branch] of a backward BRA. A range holding an unpredicated EXIT (its target "exit") is
+    not one: the branch is an out-of-line block after the kernel's end (ptxas puts the divergent
+    path of a warp vote there, a CALL and a BRA back to where the vote was), and its range would
+    run from the vote over every loop after it."""
     loops = []
     at = {a: i for i, (a, _, _) in enumerate(insns)}
+    exits = [a for a, op, tgt in insns if op == "EXIT" and tgt == "exit"]
     for i, (a, op, tgt) in enumerate(insns):
         if op == "BRA" and tgt is not None and tgt <= a and tgt in at:
+            if any(tgt <= x <= a for x in exits):
+                continue
             ops = Counter(o for _, o, _ in insns[at[tgt]:i + 1])
             n = sum(v for k, v in ops.items() if k != "NOP")
             if ops["HMMA"]:

@@ -1,5 +1,5 @@
 //! Times the Host kernels without XLA: `cargo run --release -p exla-rs-attn --example host_bench
-//! [S] [reps]`. B=1, H=8, D=64, f32, causal and not. `EXLA_RS_HOST_ISA=avx2|scalar` narrows the ISA.
+//! [S] [reps] [D]`. B=1, H=8, D=64 by default, f32, causal and not. `EXLA_RS_HOST_ISA=avx2|scalar` narrows the ISA.
 //! `host_bench decode [Sk] [reps]`: one query row per sequence, B=8, 32 query heads on 8 kv heads,
 //! D=128, f32 and bf16 (or the one named after the numbers), in GB/s of K+V read.
 //! `host_bench peak`: this core's f32 FMA peak (12 independent AVX2 FMA chains, registers only),
@@ -136,7 +136,8 @@ fn main() {
     let args: Vec<usize> = std::env::args().skip(1).filter_map(|a| a.parse().ok()).collect();
     let s = args.first().copied().unwrap_or(2048);
     let reps = args.get(1).copied().unwrap_or(5);
-    let shape = AttnShape { batch: 1, seq_q: s, seq_k: s, heads: 8, kv_heads: 8, head_dim: 64 };
+    let d = args.get(2).copied().unwrap_or(64);
+    let shape = AttnShape { batch: 1, seq_q: s, seq_k: s, heads: 8, kv_heads: 8, head_dim: d };
     // Successive inputs from successive seeds.
     let mut seed = 0x1234_5678u64;
     let mut rnd = |n: usize| {
@@ -147,7 +148,7 @@ fn main() {
     let kv_len = [s as i32];
     let q_start = [0];
     for causal in [false, true] {
-        let opts = AttnOptions { scale: 0.125, softcap: 0.0, window_left: -1, window_right: if causal { 0 } else { -1 } };
+        let opts = AttnOptions { scale: (d as f32).powf(-0.5), softcap: 0.0, window_left: -1, window_right: if causal { 0 } else { -1 } };
         let mut o = vec![0f32; q.len()];
         let mut lse = vec![0f32; shape.lse_len()];
         let (mut dq, mut dk, mut dv) = (vec![0f32; q.len()], vec![0f32; k.len()], vec![0f32; v.len()]);
@@ -172,9 +173,9 @@ fn main() {
             tb = tb.min(t.elapsed().as_secs_f64());
             cb += cpu_secs() - c1;
         }
-        let flops = 4.0 * (s * s * 8 * 64) as f64 / if causal { 2.0 } else { 1.0 };
+        let flops = 4.0 * (s * s * 8 * d) as f64 / if causal { 2.0 } else { 1.0 };
         println!(
-            "S={s} causal={causal}: fwd {:.1} ms ({:.1} GFLOP/s), bwd {:.1} ms ({:.1} GFLOP/s), fwd+bwd {:.1} ms",
+            "S={s} D={d} causal={causal}: fwd {:.1} ms ({:.1} GFLOP/s), bwd {:.1} ms ({:.1} GFLOP/s), fwd+bwd {:.1} ms",
             tf * 1e3,
             flops / tf / 1e9,
             tb * 1e3,

@@ -6,13 +6,14 @@
 //!   runs with K as the row-major B operand of the GEMM; keys past `Sk` are 0.
 //! - `vp[b, kvh, j, d]` = `v[b, j, kvh, d]`, rows padded to `dp` (a multiple of `PAD`).
 //!
-//! Query rows are packed per task, pre-multiplied by `scale·log2(e)` (scores in exp2 units).
+//! Query rows are packed per task for `Isa::gemm_packed_a` (panels of its `GEMM_ROWS` rows, each
+//! column of a panel one run of memory), pre-multiplied by `scale·log2(e)` (scores in exp2 units).
 
 use rayon::prelude::*;
 
 use super::dropout::{keep_tile_fn, KeepTileFn, MUL, NO_DROPOUT};
 use super::extra::{BiasPanel, PanelSpan, Prep, PANEL_TILES};
-use super::kernels::{Gemm, Isa, Prefetch, RowExtra, LOG2_E, PAD};
+use super::kernels::{pack_a, Gemm, Isa, Prefetch, RowExtra, LOG2_E, PAD};
 use super::tiles::{BC, BR};
 use super::{finish_row, online_update, round_up, FwdInputs, FwdOutputs, HostElement, SyncPtr};
 use crate::philox::Dropout;
@@ -66,6 +67,8 @@ impl QueryBlock {
 struct Scratch {
     qs: Vec<f32>,
     s: Vec<f32>,
+    /// `P` of the tile's visible columns, key-major (`BC × BR`): `P·V`'s A operand.
+    pt: Vec<f32>,
     o: Vec<f32>,
     m: Vec<f32>,
     l: Vec<f32>,
@@ -160,8 +163,9 @@ fn run_impl<T: HostElement, K: Isa, const EXT: bool, const DROP: bool>(shape: &A
     let (kt, vp) = (&kt[..], &vp[..]);
     (0..batch * h * nqb).into_par_iter().for_each_init(
         || Scratch {
-            qs: vec![0.0; BR * dp],
+            qs: vec![0.0; round_up(BR, K::GEMM_ROWS) * d],
             s: vec![0.0; BR * BC],
+            pt: vec![0.0; BC * BR],
             o: vec![0.0; BR * dp],
             m: vec![0.0; BR],
             l: vec![0.0; BR],
@@ -178,14 +182,10 @@ fn run_impl<T: HostElement, K: Isa, const EXT: bool, const DROP: bool>(shape: &A
             scr.l[..rows].fill(0.0);
             if !block.is_empty() {
                 // log2(e) folded in: scores come out of the GEMM ready for exp2.
+                // Packed for the score products (`gemm_packed_a`): every key tile reads it.
                 let qscale = opts.scale * LOG2_E;
-                for r in 0..rows {
-                    let src = ((b * sq + i0 + r) * h + hq) * d;
-                    // Padding columns d..dp are never written, so they stay 0.
-                    for (o, x) in scr.qs[r * dp..r * dp + d].iter_mut().zip(&inp.q[src..src + d]) {
-                        *o = qscale * x.to_f32();
-                    }
-                }
+                let q_row = |r: usize| ((b * sq + i0 + r) * h + hq) * d;
+                pack_a(rows, d, K::GEMM_ROWS, &mut scr.qs, |r, p| qscale * inp.q[q_row(r) + p].to_f32());
                 scr.o[..rows * dp].fill(0.0);
                 let kt = &kt[bkv * ntk * d * BC..(bkv + 1) * ntk * d * BC];
                 let vp = &vp[bkv * ntk * BC * dp..(bkv + 1) * ntk * BC * dp];
@@ -236,15 +236,15 @@ fn run_impl<T: HostElement, K: Isa, const EXT: bool, const DROP: bool>(shape: &A
 fn step<K: Isa, const EXT: bool, const DROP: bool>(scr: &mut Scratch, opts: &AttnOptions, rows: usize, d: usize, dp: usize, tile: usize, kt: &[f32], vp: &[f32], v_bad: bool, ctx: &RowCtx<'_, '_>) {
     let j0 = tile * BC;
     let kt_tile = &kt[tile * d * BC..(tile + 1) * d * BC];
-    // SAFETY: qs is rows×dp (k = d ≤ dp columns read), kt_tile is d×BC, s is BR×BC.
+    // SAFETY: qs holds rows×d packed by `pack_a` for K, kt_tile is d×BC, s is BR×BC.
     unsafe {
-        K::gemm(Gemm {
+        K::gemm_packed_a(Gemm {
             m: rows,
             n: BC,
             k: d,
             a: scr.qs.as_ptr(),
-            a_rs: dp,
-            a_cs: 1,
+            a_rs: 0,
+            a_cs: 0,
             b: kt_tile.as_ptr(),
             ldb: BC,
             c: scr.s.as_mut_ptr(),
@@ -327,15 +327,20 @@ fn step<K: Isa, const EXT: bool, const DROP: bool>(scr: &mut Scratch, opts: &Att
             }
         }
     } else if clo < chi {
-        // SAFETY: s columns clo..chi < BC; vp rows j0+clo..j0+chi lie inside the padded tile.
+        // P key-major first: the product's broadcasts of one key's weights for consecutive rows
+        // then read one run, not rows a row stride apart (the transpose costs about a tenth of
+        // the product at D = 64).
+        // SAFETY: s columns clo..chi < BC of `rows` rows; pt holds BC rows of BR ≥ rows; vp rows
+        // j0+clo..j0+chi lie inside the padded tile.
         unsafe {
+            K::transpose(scr.s.as_ptr().add(clo), BC, rows, chi - clo, scr.pt.as_mut_ptr(), BR);
             K::gemm(Gemm {
                 m: rows,
                 n: dp,
                 k: chi - clo,
-                a: scr.s.as_ptr().add(clo),
-                a_rs: BC,
-                a_cs: 1,
+                a: scr.pt.as_ptr(),
+                a_rs: 1,
+                a_cs: BR,
                 b: vp.as_ptr().add((j0 + clo) * dp),
                 ldb: dp,
                 c: scr.o.as_mut_ptr(),

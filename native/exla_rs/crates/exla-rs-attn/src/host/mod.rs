@@ -150,7 +150,7 @@ pub(crate) fn forward_on<T: HostElement>(
         return Ok(());
     }
     // bf16 (f16 on AMX-FP16) without extras: on the CPU's dot-product unit when it has one.
-    if let Some(unit) = lowp::offered(which, T::TYPE).filter(|_| ex.is_none()) {
+    if let Some(unit) = ex.is_none().then(|| lowp::offered::<T>(which, Pass::Forward, shape.head_dim)).flatten() {
         lowp::forward(unit, which, shape, opts, inp, out);
         return Ok(());
     }
@@ -217,7 +217,7 @@ pub(crate) fn backward_on<T: HostElement>(
     check_len("dk", out.dk.len(), kl)?;
     check_len("dv", out.dv.len(), kl)?;
     // bf16 (f16 on AMX-FP16), no extras, finite inputs: the five products on the CPU's unit.
-    if let Some(unit) = lowp::offered(which, T::TYPE).filter(|_| ex.is_none() && lowp::backward_takes(&inp)) {
+    if let Some(unit) = (ex.is_none() && lowp::backward_takes(&inp)).then(|| lowp::offered::<T>(which, Pass::Backward, shape.head_dim)).flatten() {
         lowp::backward(unit, which, shape, opts, inp, out);
         return Ok(());
     }

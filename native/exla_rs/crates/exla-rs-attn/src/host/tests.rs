@@ -872,3 +872,43 @@ fn dropout_mask_is_the_definition() {
         assert!(kept > 0 && kept < n, "{which:?}: kept {kept} of {n}");
     }
 }
+
+/// `Isa::transpose` and `Isa::gemm_packed_a` (with `kernels::pack_a`) on every family, ragged
+/// extents included, against plain loops.
+#[test]
+fn transpose_and_packed_gemm_every_isa() {
+    use super::kernels::{pack_a, Gemm, Isa, Prefetch};
+    fn on<K: Isa>() {
+        let mut rng = Rng(0x7a);
+        for (rows, cols) in [(64usize, 64usize), (61, 37), (8, 8), (7, 9), (1, 64), (64, 1), (17, 24)] {
+            let (sld, dld) = (cols + 3, rows + 5);
+            let src: Vec<f32> = (0..rows * sld).map(|_| rng.uniform(1.0)).collect();
+            let mut dst = vec![f32::NAN; cols * dld];
+            // SAFETY: src holds rows × sld, dst cols × dld.
+            unsafe { K::transpose(src.as_ptr(), sld, rows, cols, dst.as_mut_ptr(), dld) };
+            for r in 0..rows {
+                for c in 0..cols {
+                    assert_eq!(dst[c * dld + r], src[r * sld + c], "transpose {rows}x{cols} at ({r}, {c})");
+                }
+            }
+        }
+        for (m, n, k) in [(64usize, 64usize, 64usize), (13, 16, 7), (1, 32, 5), (6, 16, 128), (65, 48, 33)] {
+            let a: Vec<f32> = (0..m * k).map(|_| rng.uniform(1.0)).collect();
+            let b: Vec<f32> = (0..k * n).map(|_| rng.uniform(1.0)).collect();
+            let mut packed = vec![f32::NAN; m.div_ceil(K::GEMM_ROWS) * K::GEMM_ROWS * k];
+            pack_a(m, k, K::GEMM_ROWS, &mut packed, |i, p| a[i * k + p]);
+            let mut c = vec![1.0f32; m * n];
+            // SAFETY: packed holds m × k in K's panels, b k × n, c m × n.
+            unsafe { K::gemm_packed_a(Gemm { m, n, k, a: packed.as_ptr(), a_rs: 0, a_cs: 0, b: b.as_ptr(), ldb: n, c: c.as_mut_ptr(), ldc: n, accumulate: true, pf: Prefetch::NONE }) };
+            for i in 0..m {
+                for j in 0..n {
+                    let want = 1.0 + (0..k).map(|p| a[i * k + p] as f64 * b[p * n + j] as f64).sum::<f64>();
+                    assert!((c[i * n + j] as f64 - want).abs() <= 1e-5 * (k as f64).sqrt() * 4.0, "gemm_packed_a {m}x{n}x{k} at ({i}, {j}): {} vs {want}", c[i * n + j]);
+                }
+            }
+        }
+    }
+    for which in available() {
+        with_isa!(which, K => on::<K>());
+    }
+}

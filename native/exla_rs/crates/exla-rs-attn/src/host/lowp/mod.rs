@@ -7,6 +7,7 @@
 //! - `unit.rs`: [`unit::TileUnit`], the one tile-block product the tiling asks for, and the
 //!   model units; `amx.rs`, `avx512bf16.rs`: the real units and their detection.
 //! - `probe.rs`: a real unit is offered only after it reproduced its model on one block.
+//! - `choice.rs`: ... and only where it beat the f32 path on this machine (never slower).
 //! - `pack.rs`: operands into the units' VNNI layouts; `forward.rs`, `backward.rs`: the passes
 //!   (the backward's five products all on the unit).
 //!
@@ -16,13 +17,15 @@
 //! path. `EXLA_RS_HOST_ISA` set to anything but
 //! `amx` / `avx512bf16` (e.g. `avx512`, `avx2`) turns the units off, `avx512bf16` skips AMX;
 //! `EXLA_RS_HOST_BF16=off|model-amx|model-avx512bf16` turns them off or forces a model unit
-//! (slow: for tests and benchmarks of the tiling).
+//! (slow: for tests and benchmarks of the tiling), `always` takes a real unit without asking
+//! `choice.rs`, which otherwise keeps a unit only where it timed faster than the f32 path.
 
 #[cfg(target_arch = "x86_64")]
 mod amx;
 #[cfg(target_arch = "x86_64")]
 mod avx512bf16;
 mod backward;
+mod choice;
 mod forward;
 mod model;
 mod pack;
@@ -35,7 +38,7 @@ mod unit;
 use std::sync::OnceLock;
 
 use super::{kernels, BwdInputs, BwdOutputs, FwdInputs, FwdOutputs, HostElement, Which};
-use crate::{AttnOptions, AttnShape, ElementType};
+use crate::{AttnOptions, AttnShape, ElementType, Pass};
 use unit::{ModelAmx, ModelAvx512Bf16, TileUnit};
 
 /// A unit the forward can run on.
@@ -52,12 +55,20 @@ pub(crate) enum Unit {
     ModelAvx512Bf16,
 }
 
+impl Unit {
+    /// A software model: asked for by name (tests, benchmarks of the tiling), never chosen.
+    pub(crate) fn is_model(self) -> bool {
+        matches!(self, Unit::ModelAmxBf16 | Unit::ModelAmxFp16 | Unit::ModelAvx512Bf16)
+    }
+}
+
 /// What the environment allows.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Policy {
     Off,
-    /// Real units as detected; `amx: false` skips AMX.
-    Real { amx: bool },
+    /// Real units as detected; `amx: false` skips AMX; `always`: without the timing probe
+    /// ([`choice`]), wherever they run.
+    Real { amx: bool, always: bool },
     /// A model unit: AMX's (bf16 and f16) or AVX512-BF16's (bf16).
     ModelAmx,
     ModelAvx512Bf16,
@@ -66,15 +77,16 @@ enum Policy {
 impl Policy {
     fn parse(isa: Option<&str>, bf16: Option<&str>) -> Policy {
         let lower = |s: Option<&str>| s.map(str::to_ascii_lowercase);
-        match lower(bf16).as_deref() {
+        let always = match lower(bf16).as_deref() {
             Some("off") => return Policy::Off,
             Some("model-amx") => return Policy::ModelAmx,
             Some("model-avx512bf16") => return Policy::ModelAvx512Bf16,
-            _ => {}
-        }
+            Some("always") => true,
+            _ => false,
+        };
         match lower(isa).as_deref() {
-            None | Some("") | Some("amx") => Policy::Real { amx: true },
-            Some("avx512bf16") => Policy::Real { amx: false },
+            None | Some("") | Some("amx") => Policy::Real { amx: true, always },
+            Some("avx512bf16") => Policy::Real { amx: false, always },
             // A narrower family asked for by name (avx512, avx2, scalar): f32 path only.
             Some(_) => Policy::Off,
         }
@@ -127,7 +139,7 @@ fn pick(policy: Policy, which: Which, dtype: ElementType, hw: Detected) -> Optio
         Policy::ModelAvx512Bf16 if bf16 => Some(Unit::ModelAvx512Bf16),
         Policy::ModelAmx | Policy::ModelAvx512Bf16 => None,
         #[cfg(target_arch = "x86_64")]
-        Policy::Real { amx } if which == Which::Avx512 => match (bf16, f16) {
+        Policy::Real { amx, .. } if which == Which::Avx512 => match (bf16, f16) {
             (true, _) if amx && hw.amx_bf16 => Some(Unit::AmxBf16),
             (true, _) if hw.avx512bf16 => Some(Unit::Avx512Bf16),
             (_, true) if amx && hw.amx_fp16 => Some(Unit::AmxFp16),
@@ -141,12 +153,17 @@ fn pick(policy: Policy, which: Which, dtype: ElementType, hw: Detected) -> Optio
     }
 }
 
-/// The unit `forward_on` / `backward_on` should run a plain (no extras, no dropout) call on.
-pub(super) fn offered(which: Which, dtype: ElementType) -> Option<Unit> {
-    match Policy::from_env() {
+/// The unit `forward_on` / `backward_on` should run a plain (no extras, no dropout) `pass` of
+/// `T` at `head_dim` on: one this CPU has, that the environment allows, and that beat the f32
+/// path here at this pass and head dim ([`choice`]: timed at the first such call).
+pub(super) fn offered<T: HostElement>(which: Which, pass: Pass, head_dim: usize) -> Option<Unit> {
+    let policy = Policy::from_env();
+    let unit = match policy {
         Policy::Off => None,
-        p => pick(p, which, dtype, Detected::get()),
-    }
+        p => pick(p, which, T::TYPE, Detected::get()),
+    }?;
+    let always = matches!(policy, Policy::Real { always: true, .. });
+    choice::unit_pays::<T>(unit, which, pass, head_dim, always).then_some(unit)
 }
 
 /// Evaluates `$body` with `$U` naming the [`TileUnit`] type `$unit` stands for.
