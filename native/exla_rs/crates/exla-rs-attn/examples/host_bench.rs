@@ -1,9 +1,11 @@
 //! Times the Host kernels without XLA: `cargo run --release -p exla-rs-attn --example host_bench
 //! [S] [reps] [D]`. B=1, H=8, D=64 by default, f32, causal and not. `EXLA_RS_HOST_ISA=avx2|scalar` narrows the ISA.
 //! `host_bench decode [Sk] [reps]`: one query row per sequence, B=8, 32 query heads on 8 kv heads,
-//! D=128, f32 and bf16, in GB/s of K+V read.
+//! D=128, f32 and bf16 (or the one named after the numbers), in GB/s of K+V read.
 //! `host_bench peak`: this core's f32 FMA peak (12 independent AVX2 FMA chains, registers only),
 //! the roofline the f32 kernels are held against.
+//! `host_bench bandwidth [MiB] [reps]`: this machine's read bandwidth, every core summing its share
+//! of one f32 buffer (1 GiB by default, far past the caches): the roof decode is held against.
 
 use exla_rs_attn::host::{backward, forward, BwdInputs, BwdOutputs, FwdInputs, FwdOutputs};
 use exla_rs_attn::{AttnOptions, AttnShape};
@@ -19,7 +21,7 @@ fn cpu_secs() -> f64 {
     if f.len() > 12 { (f[10] + f[11]) / 100.0 } else { 0.0 }
 }
 
-fn decode(sk: usize, reps: usize) {
+fn decode(sk: usize, reps: usize, only: Option<&str>) {
     use half::bf16;
     let shape = AttnShape { batch: 8, seq_q: 1, seq_k: sk, heads: 32, kv_heads: 8, head_dim: 128 };
     let opts = AttnOptions { scale: 128f32.powf(-0.5), softcap: 0.0, window_left: -1, window_right: 0 };
@@ -30,15 +32,22 @@ fn decode(sk: usize, reps: usize) {
         run();
         (0..reps).map(|_| { let t = Instant::now(); run(); t.elapsed().as_secs_f64() }).fold(f64::INFINITY, f64::min)
     };
-    let mut o = vec![0f32; q.len()];
-    let mut lse = vec![0f32; shape.lse_len()];
-    let t32 = time(&mut || forward(&shape, &opts, FwdInputs { q: &q, k: &k, v: &v, kv_len: &kv_len, q_start: &q_start }, FwdOutputs { o: &mut o, lse: &mut lse }, &mut []).unwrap());
-    let b = |x: &[f32]| x.iter().map(|&y| bf16::from_f32(y)).collect::<Vec<_>>();
-    let (qb, kb, vb) = (b(&q), b(&k), b(&v));
-    let mut ob = vec![bf16::ZERO; q.len()];
-    let t16 = time(&mut || forward(&shape, &opts, FwdInputs { q: &qb, k: &kb, v: &vb, kv_len: &kv_len, q_start: &q_start }, FwdOutputs { o: &mut ob, lse: &mut lse }, &mut []).unwrap());
     let bytes = 2.0 * k.len() as f64;
-    println!("decode Sk={sk}: f32 {:.2} ms ({:.1} GB/s), bf16 {:.2} ms ({:.1} GB/s)", t32 * 1e3, bytes * 4.0 / t32 / 1e9, t16 * 1e3, bytes * 2.0 / t16 / 1e9);
+    let mut lse = vec![0f32; shape.lse_len()];
+    let mut line = format!("decode Sk={sk}:");
+    if only != Some("bf16") {
+        let mut o = vec![0f32; q.len()];
+        let t = time(&mut || forward(&shape, &opts, FwdInputs { q: &q, k: &k, v: &v, kv_len: &kv_len, q_start: &q_start }, FwdOutputs { o: &mut o, lse: &mut lse }, &mut []).unwrap());
+        line += &format!(" f32 {:.2} ms ({:.1} GB/s)", t * 1e3, bytes * 4.0 / t / 1e9);
+    }
+    if only != Some("f32") {
+        let b = |x: &[f32]| x.iter().map(|&y| bf16::from_f32(y)).collect::<Vec<_>>();
+        let (qb, kb, vb) = (b(&q), b(&k), b(&v));
+        let mut ob = vec![bf16::ZERO; q.len()];
+        let t = time(&mut || forward(&shape, &opts, FwdInputs { q: &qb, k: &kb, v: &vb, kv_len: &kv_len, q_start: &q_start }, FwdOutputs { o: &mut ob, lse: &mut lse }, &mut []).unwrap());
+        line += &format!(" bf16 {:.2} ms ({:.1} GB/s)", t * 1e3, bytes * 2.0 / t / 1e9);
+    }
+    println!("{line}");
 }
 
 /// GFLOP/s of one core running nothing but independent 8-lane FMAs.
@@ -60,7 +69,55 @@ unsafe fn fma_peak() -> f64 {
     (iters * 12 * 16) as f64 / s / 1e9
 }
 
+/// The sum of `x`, eight independent AVX2 accumulators (a read loop no core's FP latency limits).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn sum_avx2(x: &[f32]) -> f32 {
+    use std::arch::x86_64::*;
+    let mut acc = [_mm256_setzero_ps(); 8];
+    let chunks = x.chunks_exact(64);
+    let tail: f32 = chunks.remainder().iter().sum();
+    for c in chunks {
+        for (i, a) in acc.iter_mut().enumerate() {
+            *a = _mm256_add_ps(*a, _mm256_loadu_ps(c.as_ptr().add(8 * i)));
+        }
+    }
+    let mut lanes = [0f32; 8];
+    _mm256_storeu_ps(lanes.as_mut_ptr(), acc.iter().fold(_mm256_setzero_ps(), |s, &a| _mm256_add_ps(s, a)));
+    lanes.iter().sum::<f32>() + tail
+}
+
+/// GB/s of every core reading its share of a `mib` MiB buffer once (best of `reps`).
+fn bandwidth(mib: usize, reps: usize) {
+    use rayon::prelude::*;
+    let buf = vec![1f32; (mib << 20) / 4];
+    let threads = rayon::current_num_threads();
+    let share = buf.len().div_ceil(threads);
+    let sum = |x: &[f32]| -> f32 {
+        #[cfg(target_arch = "x86_64")]
+        if is_x86_feature_detected!("avx2") {
+            // SAFETY: the CPU has AVX2 (checked).
+            return unsafe { sum_avx2(x) };
+        }
+        x.iter().sum()
+    };
+    let best = (0..reps.max(1))
+        .map(|_| {
+            let t = Instant::now();
+            let s: f32 = buf.par_chunks(share).map(sum).sum();
+            std::hint::black_box(s);
+            t.elapsed().as_secs_f64()
+        })
+        .fold(f64::INFINITY, f64::min);
+    println!("read bandwidth: {:.1} GB/s ({mib} MiB, {threads} threads, best of {reps})", (mib << 20) as f64 / best / 1e9);
+}
+
 fn main() {
+    if std::env::args().nth(1).as_deref() == Some("bandwidth") {
+        let args: Vec<usize> = std::env::args().skip(2).filter_map(|a| a.parse().ok()).collect();
+        bandwidth(args.first().copied().unwrap_or(1024), args.get(1).copied().unwrap_or(10));
+        return;
+    }
     #[cfg(target_arch = "x86_64")]
     if std::env::args().nth(1).as_deref() == Some("peak") {
         // SAFETY: only called where the CPU has AVX2 and FMA.
@@ -72,7 +129,8 @@ fn main() {
     }
     if std::env::args().nth(1).as_deref() == Some("decode") {
         let args: Vec<usize> = std::env::args().skip(2).filter_map(|a| a.parse().ok()).collect();
-        decode(args.first().copied().unwrap_or(4096), args.get(1).copied().unwrap_or(10));
+        let only = std::env::args().skip(2).find(|a| a == "f32" || a == "bf16");
+        decode(args.first().copied().unwrap_or(4096), args.get(1).copied().unwrap_or(10), only.as_deref());
         return;
     }
     let args: Vec<usize> = std::env::args().skip(1).filter_map(|a| a.parse().ok()).collect();

@@ -3,16 +3,25 @@
 //! and gives each query head its own task, so a one-row call reads the cache `g` times (GQA) and
 //! writes a converted copy of it first: bound by that copy, not by the one read the work needs.
 //!
-//! Here the cache is read once, in place and in its own type:
+//! Here the cache is read once, in place and in its own type, as close to the machine's read
+//! bandwidth as the kernels get (issue 35 part 4; on a 2-core Zen 3, 60-66% of it for f32 and
+//! 50-57% for bf16, where the old path read 39-55% and 29-38%: bench/RESULTS.md):
 //! - A task is (batch, chunk of keys) (flash-decoding's split over the keys, so a batch of one
 //!   still fills every core), every kv head and the `R = g·Sq` query rows that read each.
-//! - Per sub-block of keys (up to [`SUB`]) it widens the K and V rows of every kv head (one
-//!   contiguous run of the cache, read in order: the hardware prefetchers stream it; a task per
-//!   kv head reads rows `Hkv·D` elements apart, a new 4 KiB page each: this path's first
-//!   version did, at 4-7 GB/s here) into L2-resident f32 scratch; per kv head it computes the
-//!   scores with [`Isa::dots`] (each key row loaded once for all the head's query rows; Q
-//!   pre-scaled by `scale·log2(e)`), runs the online-softmax row kernel on each row, and adds
-//!   `P·V` into the task's f32 rows (GEMM).
+//! - A chunk's K (and V) rows of every kv head are one contiguous run of the cache. Per
+//!   sub-block of keys (`SUB_CACHE_BYTES` of K and V together, at most [`SUB`] keys) the scores
+//!   ([`Isa::dec_scores`]) and then `P·V` ([`Isa::dec_pv`], into the task's f32 rows) read that
+//!   run in place, in order (a key's row of every head before the next key), f16/bf16 widened in
+//!   registers: no converted copy is written and read back, and each key vector is loaded once
+//!   for up to 4 query rows (Q pre-scaled by `scale·log2(e)`). Between them the online-softmax
+//!   row kernel runs on each row.
+//! - Each phase asks for the rows the next one reads (cache hints spread over its steps): V
+//!   while the scores run, the next sub-block's K while `P·V` does. The hardware prefetchers
+//!   alone stop at every 4 KiB page (a key of every head is one page at D = 128, f32) and run
+//!   too little ahead for a core that also computes: without the hints the same code took 15%
+//!   (f32) to 35% (bf16) longer here (2-core Zen 3).
+//! - A head dim the vectors do not divide (D = 1, 8 on AVX-512, ...) is widened into padded f32
+//!   scratch a sub-block at a time instead, and read from there by the same kernels.
 //! - A second pass merges each row's chunks: `m = max m_c`, `l = Σ l_c·2^(m_c - m)`,
 //!   `o = Σ o_c·2^(m_c - m) / l`, `lse = (m + log2 l)·ln 2`. A row that sees no key anywhere gets
 //!   `o = 0`, `lse = -inf` (the contract's fully-masked row).
@@ -21,18 +30,34 @@
 
 use rayon::prelude::*;
 
-use super::kernels::{Gemm, Isa, Prefetch, RowExtra, LOG2_E, NO_EXT, PAD};
+use super::kernels::{Cache, HeadRows, Isa, Prefetch, RowExtra, LOG2_E, NO_EXT, PAD, SRC_BF16, SRC_F16, SRC_F32};
 use super::{finish_row, online_update, round_up, FwdInputs, FwdOutputs, HostElement, SyncPtr};
 use crate::{AttnOptions, AttnShape, ElementType, KeyRange};
 
 /// Calls with at most this many query rows per sequence take the decode path.
 pub(crate) const DECODE_MAX_ROWS: usize = 16;
-/// Most keys per sub-block (a multiple of `PAD`; the scratch's row stride).
+/// Most keys per sub-block (a multiple of `PAD`; the score rows' stride): one online-softmax step
+/// per row and sub-block, so its per-row costs (max, rescale) spread over this many keys.
 const SUB: usize = 64;
-/// Bytes of widened K (and as many of V) per sub-block: both together stay well inside a 512 KiB L2.
+/// Bytes of widened K (and as many of V) per sub-block where the cache is copied (a head dim
+/// the vectors do not divide): both together stay well inside a 512 KiB L2.
 const SUB_BYTES: usize = 128 << 10;
 /// The smallest chunk of keys one task takes (shorter chunks spend more on merging than they save).
 const MIN_CHUNK: usize = 256;
+/// Bytes of K and V together per sub-block where the cache is read in place: the kernels ask for
+/// the next phase's rows (V while the scores run, the next K while `P·V` does), so one sub-block's
+/// K and V are in L2 at once (512 KiB on the smallest L2 we target). 128 KiB measured the same
+/// here, 512 KiB slower.
+const SUB_CACHE_BYTES: usize = 256 << 10;
+
+/// The `SRC_*` of an element type.
+fn src_of(t: ElementType) -> u8 {
+    match t {
+        ElementType::F32 => SRC_F32,
+        ElementType::BF16 => SRC_BF16,
+        ElementType::F16 => SRC_F16,
+    }
+}
 
 /// Widens consecutive cache rows of `d` elements into rows of `dp` f32 (padding untouched, so 0).
 fn widen_rows<T: HostElement, K: Isa>(src: &[T], dst: &mut [f32], d: usize, dp: usize) {
@@ -45,11 +70,26 @@ fn widen_rows<T: HostElement, K: Isa>(src: &[T], dst: &mut [f32], d: usize, dp: 
             ElementType::F32 => unsafe { std::ptr::copy_nonoverlapping(s.as_ptr() as *const f32, o.as_mut_ptr(), s.len()) },
         }
     };
-    if d == dp {
-        one(src, &mut dst[..src.len()]);
-    } else {
-        for (s, o) in src.chunks_exact(d).zip(dst.chunks_exact_mut(dp)) {
-            one(s, &mut o[..d]);
+    for (s, o) in src.chunks_exact(d).zip(dst.chunks_exact_mut(dp)) {
+        one(s, &mut o[..d]);
+    }
+}
+
+/// Whether any of `xs` is inf or NaN (every exponent bit set): on the bits, with no early exit,
+/// so the loop vectorizes whatever the element type.
+fn any_nonfinite<T: HostElement>(xs: &[T]) -> bool {
+    let test16 = |exp: u16| {
+        // SAFETY: f16/bf16 are 16-bit `repr(transparent)` floats.
+        let bits = unsafe { std::slice::from_raw_parts(xs.as_ptr() as *const u16, xs.len()) };
+        bits.iter().fold(false, |acc, &x| acc | (x & exp == exp))
+    };
+    match T::TYPE {
+        ElementType::F16 => test16(0x7c00),
+        ElementType::BF16 => test16(0x7f80),
+        ElementType::F32 => {
+            // SAFETY: T is f32 when its TYPE says so.
+            let bits = unsafe { std::slice::from_raw_parts(xs.as_ptr() as *const u32, xs.len()) };
+            bits.iter().fold(false, |acc, &x| acc | (x & 0x7f80_0000 == 0x7f80_0000))
         }
     }
 }
@@ -64,10 +104,11 @@ pub(super) fn takes(shape: &AttnShape, ex: &crate::Extras<'_>) -> bool {
 struct Scratch {
     /// The query rows of each kv head, `Hkv × r × dp`, scaled by `scale·log2(e)`, padding 0.
     qs: Vec<f32>,
-    /// Widened K and V rows of the sub-block, every kv head: `sub × Hkv × dp`, padding columns 0.
+    /// Where the cache is copied (see `in_place`): widened K and V rows of the sub-block, every kv
+    /// head, `sub × Hkv × dp`, padding columns 0. Empty otherwise.
     kf: Vec<f32>,
     vf: Vec<f32>,
-    /// `S`, then `P`, of one kv head (`r × SUB`).
+    /// `S`, then `P`, of every kv head: `Hkv × r × SUB`.
     s: Vec<f32>,
     /// The key mask of the sub-block as a score addition, 0 or -inf (`SUB`).
     mask_add: Vec<f32>,
@@ -82,8 +123,11 @@ pub(super) fn run<T: HostElement, K: Isa>(shape: &AttnShape, opts: &AttnOptions,
     let r = g * sq; // query rows per kv head: row = hh·sq + i reads head kvh·g + hh, query i
     let dp = round_up(d, PAD);
     let row_elems = hkv * d; // one key's K (or V) row of every kv head, contiguous in the cache
-    // Keys per sub-block: as many as SUB_BYTES of widened rows hold, 16..=SUB.
-    let sub = (SUB_BYTES / (hkv * dp * 4) / PAD * PAD).clamp(PAD, SUB);
+    // The kernels read whole vectors: a head dim they divide is read in place, in the cache's own
+    // type; any other is widened into padded f32 scratch a sub-block at a time.
+    let in_place = d % K::LANES == 0;
+    let sub = if in_place { SUB_CACHE_BYTES / (2 * row_elems * std::mem::size_of::<T>()) } else { SUB_BYTES / (hkv * dp * 4) };
+    let sub = (sub / PAD * PAD).clamp(PAD, SUB);
     let threads = rayon::current_num_threads().max(1);
     // Enough tasks for every core to get several (balance), chunks no shorter than MIN_CHUNK.
     let want_chunks = (4 * threads).div_ceil(batch).max(1);
@@ -96,13 +140,21 @@ pub(super) fn run<T: HostElement, K: Isa>(shape: &AttnShape, opts: &AttnOptions,
     let qscale = opts.scale * LOG2_E;
     // Visibility depends on the query row i alone, so it is shared by every head.
     let row_range = |b: usize, i: usize| KeyRange::for_row(opts, sk, inp.kv_len[b], inp.q_start[b], i);
+    let key_bytes = row_elems * std::mem::size_of::<T>();
+    // Cache hints for keys j..e of x (every head's rows: one contiguous span), none for the copy.
+    let plan = |x: &[T], j: usize, e: usize| {
+        if !in_place || j >= e {
+            return Prefetch::NONE;
+        }
+        Prefetch { base: x[j * row_elems..].as_ptr() as *const u8, stride: 0, rows: 1, lines: ((e - j) * key_bytes).div_ceil(64) }
+    };
 
     part_o.par_chunks_mut(hkv * r * dp).zip(part_ml.par_chunks_mut(hkv * r)).enumerate().for_each_init(
         || Scratch {
             qs: vec![0.0; hkv * r * dp],
-            kf: vec![0.0; sub * hkv * dp],
-            vf: vec![0.0; sub * hkv * dp],
-            s: vec![0.0; r * SUB],
+            kf: if in_place { Vec::new() } else { vec![0.0; sub * hkv * dp] },
+            vf: if in_place { Vec::new() } else { vec![0.0; sub * hkv * dp] },
+            s: vec![0.0; hkv * r * SUB],
             mask_add: vec![0.0; SUB],
         },
         |scr, (task, (o, ml))| {
@@ -125,6 +177,8 @@ pub(super) fn run<T: HostElement, K: Isa>(shape: &AttnShape, opts: &AttnOptions,
                     }
                 }
             }
+            let (qrows, srows) = (HeadRows { ptr: scr.qs.as_mut_ptr(), rs: dp, hs: r * dp }, HeadRows { ptr: scr.s.as_mut_ptr(), rs: SUB, hs: r * SUB });
+            let orows = HeadRows { ptr: o.as_mut_ptr(), rs: dp, hs: r * dp };
             let mut j0 = lo;
             while j0 < hi {
                 let n = sub.min(hi - j0);
@@ -141,10 +195,6 @@ pub(super) fn run<T: HostElement, K: Isa>(shape: &AttnShape, opts: &AttnOptions,
                         *a = if x != 0 { 0.0 } else { f32::NEG_INFINITY };
                     }
                 }
-                // The sub-block's keys are one contiguous run of the cache (every kv head):
-                // read in order, which the hardware prefetchers stream.
-                let base = (b * sk + j0) * row_elems;
-                widen_rows::<T, K>(&inp.k[base..base + n * row_elems], &mut scr.kf, d, dp);
                 // Rows see [a, e) of this sub-block; columns n..nw are padding (masked).
                 let spans: Vec<(usize, usize)> = ranges.iter().map(|rg| (rg.start.clamp(j0, j0 + n) - j0, rg.end.clamp(j0, j0 + n) - j0)).collect();
                 let (clo, chi) = spans.iter().filter(|(a, e)| a < e).fold((nw, 0), |(lo, hi), &(a, e)| (lo.min(a), hi.max(e)));
@@ -153,14 +203,37 @@ pub(super) fn run<T: HostElement, K: Isa>(shape: &AttnShape, opts: &AttnOptions,
                     j0 += n;
                     continue;
                 }
-                widen_rows::<T, K>(&inp.v[base..base + n * row_elems], &mut scr.vf, d, dp);
+                // The sub-block's keys are one contiguous run of the cache (every kv head), as
+                // are the chunk's: the kernels read it in order, asking for the keys ahead of it.
+                let base = (b * sk + j0) * row_elems;
+                let (kc, vc) = if in_place {
+                    let cache = |x: &[T]| Cache {
+                        // SAFETY: base is within the cache; the kernels read keys < n of it.
+                        ptr: unsafe { x.as_ptr().add(base) } as *const u8,
+                        src: src_of(T::TYPE),
+                        key_rs: row_elems,
+                        head_rs: d,
+                        d,
+                    };
+                    (cache(inp.k), cache(inp.v))
+                } else {
+                    widen_rows::<T, K>(&inp.k[base..base + n * row_elems], &mut scr.kf, d, dp);
+                    widen_rows::<T, K>(&inp.v[base..base + n * row_elems], &mut scr.vf, d, dp);
+                    let cache = |x: &[f32]| Cache { ptr: x.as_ptr() as *const u8, src: SRC_F32, key_rs: hkv * dp, head_rs: dp, d: dp };
+                    (cache(&scr.kf), cache(&scr.vf))
+                };
+                // SAFETY: qs and s hold Hkv blocks of r rows (dp, SUB ≥ n columns); the cache run
+                // holds n keys of Hkv rows of kc.d elements at the strides it names.
+                // While the scores run, ask for the V rows P·V reads next.
+                let pf_v = plan(inp.v, b * sk + j0 + clo, b * sk + j0 + chi);
+                unsafe { K::dec_scores(qrows, r, hkv, &kc, n, srows, pf_v) };
+                // While P·V runs, ask for the next sub-block's K.
+                let pf_k = plan(inp.k, b * sk + j0 + n, b * sk + (j0 + 2 * n).min(hi));
                 for kvh in 0..hkv {
-                    let (o, ml) = (&mut o[kvh * r * dp..(kvh + 1) * r * dp], &mut ml[kvh * r..(kvh + 1) * r]);
-                    // SAFETY: qs holds this head's r rows of dp; kf n rows of Hkv·dp (this head's
-                    // dp columns at kvh·dp); s is r×SUB with n ≤ SUB.
-                    unsafe { K::dots(scr.qs.as_ptr().add(kvh * r * dp), dp, r, scr.kf.as_ptr().add(kvh * dp), hkv * dp, n, dp, scr.s.as_mut_ptr(), SUB) };
+                    let ml = &mut ml[kvh * r..(kvh + 1) * r];
+                    let o = &mut o[kvh * r * dp..(kvh + 1) * r * dp];
                     for (row, &(a, e)) in spans.iter().enumerate() {
-                        let srow = &mut scr.s[row * SUB..row * SUB + nw];
+                        let srow = &mut scr.s[(kvh * r + row) * SUB..(kvh * r + row) * SUB + nw];
                         if a >= e {
                             srow.fill(0.0);
                             continue;
@@ -180,37 +253,29 @@ pub(super) fn run<T: HostElement, K: Isa>(shape: &AttnShape, opts: &AttnOptions,
                         }
                         online_update(&mut o[row * dp..(row + 1) * dp], m_old, l_old, m_new, sum);
                     }
-                    // 0·inf = NaN: where a row sees only part of the block and this head's V holds
-                    // an inf or NaN there, each row multiplies only its own keys (as the prefill
-                    // forward does).
-                    let v_bad = partial && (clo..chi).any(|jj| scr.vf[(jj * hkv + kvh) * dp..(jj * hkv + kvh) * dp + d].iter().any(|x| !x.is_finite()));
-                    // `m` rows from `row0`, keys a..e of the sub-block.
-                    let mut add_pv = |m: usize, row0: usize, a: usize, e: usize| {
-                        // SAFETY: s is r×SUB (columns a..e < SUB); vf rows a..e of Hkv·dp columns
-                        // (this head's at kvh·dp); o is r×dp.
-                        unsafe {
-                            K::gemm(Gemm {
-                                m,
-                                n: dp,
-                                k: e - a,
-                                a: scr.s.as_ptr().add(row0 * SUB + a),
-                                a_rs: SUB,
-                                a_cs: 1,
-                                b: scr.vf.as_ptr().add((a * hkv + kvh) * dp),
-                                ldb: hkv * dp,
-                                c: o.as_mut_ptr().add(row0 * dp),
-                                ldc: dp,
-                                accumulate: true,
-                                pf: Prefetch::NONE,
-                            });
+                }
+                // 0·inf = NaN: where a row sees only part of the block and a head's V holds an
+                // inf or NaN there, each of its rows multiplies only its own keys (as the prefill
+                // forward does).
+                let v_bad: Vec<bool> = (0..hkv).map(|kvh| partial && (clo..chi).any(|jj| any_nonfinite(&inp.v[base + jj * row_elems + kvh * d..][..d]))).collect();
+                if !v_bad.contains(&true) {
+                    // SAFETY: s and o hold Hkv blocks of r rows (SUB ≥ chi, dp ≥ vc.d columns);
+                    // the run holds keys clo..chi of every head.
+                    unsafe { K::dec_pv(srows, r, hkv, &vc, clo, chi, orows, pf_k) };
+                } else {
+                    // Row `row` of head `kvh` alone (all r rows where row is None).
+                    let at = |x: HeadRows, kvh: usize, row: usize| HeadRows { ptr: x.ptr.wrapping_add(kvh * x.hs + row * x.rs), ..x };
+                    for (kvh, &bad) in v_bad.iter().enumerate() {
+                        let vh = vc.head(kvh);
+                        if !bad {
+                            // SAFETY: as above, for one head.
+                            unsafe { K::dec_pv(at(srows, kvh, 0), r, 1, &vh, clo, chi, at(orows, kvh, 0), Prefetch::NONE) };
+                            continue;
                         }
-                    };
-                    if v_bad {
                         for (row, &(a, e)) in spans.iter().enumerate().filter(|(_, (a, e))| a < e) {
-                            add_pv(1, row, a, e);
+                            // SAFETY: as above, for one row of one head, keys a..e ⊆ clo..chi.
+                            unsafe { K::dec_pv(at(srows, kvh, row), 1, 1, &vh, a, e, at(orows, kvh, row), Prefetch::NONE) };
                         }
-                    } else {
-                        add_pv(r, 0, clo, chi);
                     }
                 }
                 j0 += n;

@@ -116,6 +116,45 @@ pub(crate) const NO_EXT: RowExtra = RowExtra { add: core::ptr::null(), alibi: 0.
 /// Column offsets within one vector, for the ALiBi distance.
 pub(crate) static IOTA: [f32; 16] = [0., 1., 2., 3., 4., 5., 6., 7., 8., 9., 10., 11., 12., 13., 14., 15.];
 
+/// The element type of a cache the decode kernels read in place, widened in registers (as
+/// `const W: u8`: `SRC_F32`, `SRC_BF16`, `SRC_F16`).
+pub(crate) const SRC_F32: u8 = 0;
+pub(crate) const SRC_BF16: u8 = 1;
+pub(crate) const SRC_F16: u8 = 2;
+
+/// A run of keys of a K or V cache, as [`Isa::dec_scores`] and [`Isa::dec_pv`] read it: key `j`'s
+/// row for kv head `h` is the `d` elements (a multiple of the lane count) from element
+/// `j·key_rs + h·head_rs` of `ptr`, of type `src` (`SRC_*`).
+#[derive(Clone, Copy)]
+pub(crate) struct Cache {
+    pub ptr: *const u8,
+    pub src: u8,
+    pub key_rs: usize,
+    pub head_rs: usize,
+    pub d: usize,
+}
+
+impl Cache {
+    /// Bytes per element.
+    #[inline(always)]
+    fn size(&self) -> usize {
+        if self.src == SRC_F32 { 4 } else { 2 }
+    }
+
+    /// The same run for kv head `h` alone (as head 0).
+    pub(crate) fn head(&self, h: usize) -> Cache {
+        Cache { ptr: self.ptr.wrapping_add(h * self.head_rs * self.size()), ..*self }
+    }
+}
+
+/// `heads` blocks of `rows` f32 rows: row `i` of head `h` starts at `ptr + h·hs + i·rs`.
+#[derive(Clone, Copy)]
+pub(crate) struct HeadRows {
+    pub ptr: *mut f32,
+    pub rs: usize,
+    pub hs: usize,
+}
+
 /// Packs `m × k` of A, `A[i, p] = at(i, p)`, for [`Isa::gemm_packed_a`] with panels of `rows`
 /// (its `GEMM_ROWS`): `A[i, p]` goes to `dst[(i - i % rows)·k + p·rows + i % rows]`. `dst` holds
 /// `round_up(m, rows)·k` floats; the last panel's rows past `m` are never read.
@@ -152,11 +191,18 @@ pub(crate) trait Isa: Send + Sync + 'static {
     /// `dst[c·dld + r] = src[r·sld + c]` for `r < rows`, `c < cols`: a probability tile turned
     /// key-major, so `P·V` broadcasts each key's weights of consecutive rows from one run.
     unsafe fn transpose(src: *const f32, sld: usize, rows: usize, cols: usize, dst: *mut f32, dld: usize);
-    /// `out[i·out_rs + j] = Σ_{t<dp} q[i·q_rs + t]·k[j·k_rs + t]` for rows `i < rows`, keys `j < n`
-    /// (`dp` a multiple of the lane count): a few query rows against many keys, each key row read
-    /// once for all rows (the decode path's scores; a GEMM would pad the rows to a whole vector).
+    /// Decode scores, for heads `h < heads`, rows `i < rows`, keys `j < n` of `k`:
+    /// `out[h, i, j] = Σ_{t<d} q[h, i, t]·K_h[j, t]` (`q` and `out` as [`HeadRows`], `out` with its keys
+    /// along the row). Keys are taken in order, every head's row of a key before the next key (the
+    /// cache's own order), and each key vector is loaded once for up to 4 rows. `pf`'s lines are
+    /// asked for along the way (the caller's next run).
     #[allow(clippy::too_many_arguments)]
-    unsafe fn dots(q: *const f32, q_rs: usize, rows: usize, k: *const f32, k_rs: usize, n: usize, dp: usize, out: *mut f32, out_rs: usize);
+    unsafe fn dec_scores(q: HeadRows, rows: usize, heads: usize, k: &Cache, n: usize, out: HeadRows, pf: Prefetch);
+    /// Decode `P·V`, for heads `h < heads`, rows `i < rows`: `o[h, i, t] += Σ_{a≤j<e} p[h, i, j]·V_h[j, t]`
+    /// for `t < v.d` (`p`, `o` as [`HeadRows`]). Keys in groups, in the cache's order as
+    /// [`Isa::dec_scores`]; each V vector loaded once for up to 4 rows; `pf` as there.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn dec_pv(p: HeadRows, rows: usize, heads: usize, v: &Cache, a: usize, e: usize, o: HeadRows, pf: Prefetch);
     /// `dst[0..n]` = the f16 (`f16 = true`) or bf16 values at `src` as f32.
     unsafe fn widen16(src: *const u16, f16: bool, dst: *mut f32, n: usize);
     /// One row of a forward tile. `s[0..n]` holds `log2(e)·x`, `x = scale·q·k`; columns `[a, b)`
@@ -201,7 +247,7 @@ macro_rules! by_terms {
 macro_rules! isa_kernels {
     ($modname:ident, $ops:ident, $r_main:literal, $nv_main:literal $(, #[$feat:meta])?) => {
         pub(crate) mod $modname {
-            use super::{Gemm, Isa, RowExtra, IOTA, LOG2_E, NO_EXT};
+            use super::{Cache, Gemm, HeadRows, Isa, Prefetch, RowExtra, IOTA, LOG2_E, NO_EXT, SRC_BF16, SRC_F16, SRC_F32};
             use crate::host::simd::$ops as s;
             use s::{V, L};
 
@@ -308,47 +354,61 @@ macro_rules! isa_kernels {
                 }
             }
 
-            /// [`Isa::dots`]: rows in blocks of 4 (2 keys at a time), 2 or 1 (4 keys): 8 or 4
-            /// accumulators in flight, each key vector loaded once per block of rows.
+            /// One vector of a cache row at element `i` of `p`, as f32.
             $(#[$feat])?
-            #[allow(clippy::too_many_arguments)]
-            unsafe fn dots(q: *const f32, q_rs: usize, rows: usize, k: *const f32, k_rs: usize, n: usize, dp: usize, out: *mut f32, out_rs: usize) {
-                let mut i = 0;
-                while i < rows {
-                    let (q, out) = (q.add(i * q_rs), out.add(i * out_rs));
-                    i += match rows - i {
-                        1 => dots_rows::<1, 4>(q, q_rs, k, k_rs, n, dp, out, out_rs),
-                        2 | 3 => dots_rows::<2, 4>(q, q_rs, k, k_rs, n, dp, out, out_rs),
-                        _ => dots_rows::<4, 2>(q, q_rs, k, k_rs, n, dp, out, out_rs),
-                    };
+            #[inline]
+            unsafe fn load_src<const W: u8>(p: *const u8, i: usize) -> V {
+                match W {
+                    SRC_F32 => s::load((p as *const f32).add(i)),
+                    SRC_BF16 => s::load_bf16((p as *const u16).add(i)),
+                    _ => s::load_f16((p as *const u16).add(i)),
                 }
             }
 
-            /// `RW` rows of [`dots`] against every key; returns `RW`.
+            /// [`Isa::dec_scores`] for one source type.
             $(#[$feat])?
-            #[inline]
-            #[allow(clippy::too_many_arguments)]
-            unsafe fn dots_rows<const RW: usize, const KY: usize>(q: *const f32, q_rs: usize, k: *const f32, k_rs: usize, n: usize, dp: usize, out: *mut f32, out_rs: usize) -> usize {
+            unsafe fn dec_scores<const W: u8>(q: HeadRows, rows: usize, heads: usize, k: &Cache, n: usize, out: HeadRows, pf: Prefetch) {
+                let size = k.size();
+                // The prefetch requests, spread evenly over the (step, head) pairs. (Spreading
+                // them further, one per vector step inside the micro-kernels, measured no
+                // faster for f32 and 5-10% slower for bf16.)
+                let mut pf = pf.spread(n.div_ceil(4) * heads);
                 let mut j = 0;
-                while j + KY <= n {
-                    dots_micro::<RW, KY>(q, q_rs, k.add(j * k_rs), k_rs, dp, out.add(j), out_rs);
-                    j += KY;
-                }
                 while j < n {
-                    dots_micro::<RW, 1>(q, q_rs, k.add(j * k_rs), k_rs, dp, out.add(j), out_rs);
-                    j += 1;
+                    let ky = if n - j >= 4 { 4 } else { 1 };
+                    for h in 0..heads {
+                        pf.step();
+                        let kp = k.ptr.add((j * k.key_rs + h * k.head_rs) * size);
+                        let mut i = 0;
+                        while i < rows {
+                            let (qp, sp) = (q.ptr.add(h * q.hs + i * q.rs) as *const f32, out.ptr.add(h * out.hs + i * out.rs + j));
+                            let args = (qp, q.rs, kp, k.key_rs, k.d, sp, out.rs);
+                            i += match (rows - i, ky) {
+                                (1, 4) => dots_micro::<1, 4, W>(args),
+                                (2 | 3, 4) => dots_micro::<2, 4, W>(args),
+                                (_, 4) => {
+                                    dots_micro::<4, 2, W>(args);
+                                    dots_micro::<4, 2, W>((qp, q.rs, kp.add(2 * k.key_rs * size), k.key_rs, k.d, sp.add(2), out.rs))
+                                }
+                                (1, _) => dots_micro::<1, 1, W>(args),
+                                (2 | 3, _) => dots_micro::<2, 1, W>(args),
+                                _ => dots_micro::<4, 1, W>(args),
+                            };
+                        }
+                    }
+                    j += ky;
                 }
-                RW
             }
 
+            /// `RW` query rows against `KY` keys (`k_rs` elements apart); returns `RW`.
             $(#[$feat])?
             #[inline]
-            unsafe fn dots_micro<const RW: usize, const KY: usize>(q: *const f32, q_rs: usize, k: *const f32, k_rs: usize, dp: usize, out: *mut f32, out_rs: usize) {
+            unsafe fn dots_micro<const RW: usize, const KY: usize, const W: u8>((q, q_rs, k, k_rs, d, out, out_rs): (*const f32, usize, *const u8, usize, usize, *mut f32, usize)) -> usize {
                 let mut acc: [[V; KY]; RW] = [[s::zero(); KY]; RW];
-                for t in (0..dp).step_by(L) {
+                for t in (0..d).step_by(L) {
                     let mut kv: [V; KY] = [s::zero(); KY];
                     for kk in 0..KY {
-                        kv[kk] = s::load(k.add(kk * k_rs + t));
+                        kv[kk] = load_src::<W>(k, kk * k_rs + t);
                     }
                     for rw in 0..RW {
                         let qv = s::load(q.add(rw * q_rs + t));
@@ -357,9 +417,105 @@ macro_rules! isa_kernels {
                         }
                     }
                 }
-                for rw in 0..RW {
-                    for kk in 0..KY {
-                        *out.add(rw * out_rs + kk) = s::hsum(acc[rw][kk]);
+                // One reduction for several sums where the shape allows (as many operations as
+                // a single `hsum` for four).
+                if RW == 4 && KY == 2 {
+                    // SAFETY: the array is [[V; 2]; 4] when RW and KY say so.
+                    s::store_hsum_4x2(&*(acc.as_ptr() as *const [[V; 2]; 4]), out, out_rs);
+                } else if KY == 4 {
+                    for rw in 0..RW {
+                        // SAFETY: each row is [V; 4] when KY says so.
+                        s::store_hsum4(&*(acc[rw].as_ptr() as *const [V; 4]), out.add(rw * out_rs));
+                    }
+                } else {
+                    for rw in 0..RW {
+                        for kk in 0..KY {
+                            *out.add(rw * out_rs + kk) = s::hsum(acc[rw][kk]);
+                        }
+                    }
+                }
+                RW
+            }
+
+            /// Keys per group of [`dec_pv`]: the rows' accumulators are loaded and stored once
+            /// per group, each head's V rows of the group read while they are in registers.
+            const PV_KEYS: usize = 16;
+
+            /// [`Isa::dec_pv`] for one source type.
+            $(#[$feat])?
+            #[allow(clippy::too_many_arguments)]
+            unsafe fn dec_pv<const W: u8>(p: HeadRows, rows: usize, heads: usize, v: &Cache, a: usize, e: usize, o: HeadRows, pf: Prefetch) {
+                let (size, nvec) = (v.size(), v.d / L);
+                // The prefetch requests, spread evenly over the (group, head) pairs.
+                let mut pf = pf.spread((e - a).div_ceil(PV_KEYS) * heads);
+                let mut j0 = a;
+                while j0 < e {
+                    let j1 = (j0 + PV_KEYS).min(e);
+                    for h in 0..heads {
+                        pf.step();
+                        let vp = v.ptr.add(h * v.head_rs * size);
+                        let mut jv = 0;
+                        while jv < nvec {
+                            let nv = (nvec - jv).min(NV_MAIN);
+                            let mut i = 0;
+                            while i < rows {
+                                let r = (rows - i).min(4);
+                                let args = (p.ptr.add(h * p.hs + i * p.rs) as *const f32, p.rs, vp, v.key_rs, j0, j1, jv * L, o.ptr.add(h * o.hs + i * o.rs + jv * L), o.rs);
+                                match nv {
+                                    1 => pv_rows::<1, W>(r, args),
+                                    2 if NV_MAIN >= 2 => pv_rows::<2, W>(r, args),
+                                    3 if NV_MAIN >= 3 => pv_rows::<3, W>(r, args),
+                                    _ => pv_rows::<{ NV_MAIN }, W>(r, args),
+                                }
+                                i += r;
+                            }
+                            jv += nv;
+                        }
+                    }
+                    j0 = j1;
+                }
+            }
+
+            /// Arguments of one [`pv_micro`]: `p`, its row stride, V, its key stride, keys
+            /// `j0..j1`, the first column, `o`, its row stride.
+            type PvArgs = (*const f32, usize, *const u8, usize, usize, usize, usize, *mut f32, usize);
+
+            $(#[$feat])?
+            #[inline]
+            unsafe fn pv_rows<const NV: usize, const W: u8>(r: usize, args: PvArgs) {
+                match r {
+                    1 => pv_micro::<1, NV, W>(args),
+                    2 => pv_micro::<2, NV, W>(args),
+                    3 => pv_micro::<3, NV, W>(args),
+                    _ => pv_micro::<4, NV, W>(args),
+                }
+            }
+
+            /// `R` rows × `NV` vectors of `o`, all in registers over the keys `j0..j1`.
+            $(#[$feat])?
+            #[inline]
+            unsafe fn pv_micro<const R: usize, const NV: usize, const W: u8>((p, p_rs, v, v_rs, j0, j1, col, o, o_rs): PvArgs) {
+                let mut acc: [[V; NV]; R] = [[s::zero(); NV]; R];
+                for r in 0..R {
+                    for c in 0..NV {
+                        acc[r][c] = s::load(o.add(r * o_rs + c * L));
+                    }
+                }
+                for j in j0..j1 {
+                    let mut bv: [V; NV] = [s::zero(); NV];
+                    for c in 0..NV {
+                        bv[c] = load_src::<W>(v, j * v_rs + col + c * L);
+                    }
+                    for r in 0..R {
+                        let av = s::splat(*p.add(r * p_rs + j));
+                        for c in 0..NV {
+                            acc[r][c] = s::fma(av, bv[c], acc[r][c]);
+                        }
+                    }
+                }
+                for r in 0..R {
+                    for c in 0..NV {
+                        s::store(o.add(r * o_rs + c * L), acc[r][c]);
                     }
                 }
             }
@@ -599,8 +755,20 @@ macro_rules! isa_kernels {
                     transpose(src, sld, rows, cols, dst, dld)
                 }
                 #[allow(clippy::too_many_arguments)]
-                unsafe fn dots(q: *const f32, q_rs: usize, rows: usize, k: *const f32, k_rs: usize, n: usize, dp: usize, out: *mut f32, out_rs: usize) {
-                    dots(q, q_rs, rows, k, k_rs, n, dp, out, out_rs)
+                unsafe fn dec_scores(q: HeadRows, rows: usize, heads: usize, k: &Cache, n: usize, out: HeadRows, pf: Prefetch) {
+                    match k.src {
+                        SRC_F32 => dec_scores::<SRC_F32>(q, rows, heads, k, n, out, pf),
+                        SRC_BF16 => dec_scores::<SRC_BF16>(q, rows, heads, k, n, out, pf),
+                        _ => dec_scores::<SRC_F16>(q, rows, heads, k, n, out, pf),
+                    }
+                }
+                #[allow(clippy::too_many_arguments)]
+                unsafe fn dec_pv(p: HeadRows, rows: usize, heads: usize, v: &Cache, a: usize, e: usize, o: HeadRows, pf: Prefetch) {
+                    match v.src {
+                        SRC_F32 => dec_pv::<SRC_F32>(p, rows, heads, v, a, e, o, pf),
+                        SRC_BF16 => dec_pv::<SRC_BF16>(p, rows, heads, v, a, e, o, pf),
+                        _ => dec_pv::<SRC_F16>(p, rows, heads, v, a, e, o, pf),
+                    }
                 }
                 unsafe fn widen16(src: *const u16, f16: bool, dst: *mut f32, n: usize) {
                     widen16(src, f16, dst, n)

@@ -138,6 +138,24 @@ pub(crate) mod avx512 {
     pub unsafe fn hsum(a: V) -> f32 {
         _mm512_reduce_add_ps(a)
     }
+    /// `out[0..4]` = the sums of `v[0..4]`.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    pub unsafe fn store_hsum4(v: &[V; 4], out: *mut f32) {
+        for (k, &x) in v.iter().enumerate() {
+            *out.add(k) = hsum(x);
+        }
+    }
+    /// `out[i·rs + k]` = the sum of `acc[i][k]`.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    pub unsafe fn store_hsum_4x2(acc: &[[V; 2]; 4], out: *mut f32, rs: usize) {
+        for (i, row) in acc.iter().enumerate() {
+            for (k, &x) in row.iter().enumerate() {
+                *out.add(i * rs + k) = hsum(x);
+            }
+        }
+    }
     #[inline]
     #[target_feature(enable = "avx512f")]
     pub unsafe fn exp2(x: V) -> V {
@@ -277,6 +295,32 @@ pub(crate) mod avx2 {
         let m = _mm_add_ss(m, _mm_shuffle_ps::<1>(m, m));
         _mm_cvtss_f32(m)
     }
+    /// The sums of `a`, `b`, `c`, `d` in one vector: three `hadd`s and one add reduce all four,
+    /// where four [`hsum`]s take six operations each.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn hsum4v(a: V, b: V, c: V, d: V) -> __m128 {
+        let t = _mm256_hadd_ps(_mm256_hadd_ps(a, b), _mm256_hadd_ps(c, d));
+        _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps::<1>(t))
+    }
+    /// `out[0..4]` = the sums of `v[0..4]`.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn store_hsum4(v: &[V; 4], out: *mut f32) {
+        _mm_storeu_ps(out, hsum4v(v[0], v[1], v[2], v[3]));
+    }
+    /// `out[i·rs + k]` = the sum of `acc[i][k]`: each row's two sums in one 8-byte store.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn store_hsum_4x2(acc: &[[V; 2]; 4], out: *mut f32, rs: usize) {
+        let k0 = hsum4v(acc[0][0], acc[1][0], acc[2][0], acc[3][0]);
+        let k1 = hsum4v(acc[0][1], acc[1][1], acc[2][1], acc[3][1]);
+        let (lo, hi) = (_mm_castps_pd(_mm_unpacklo_ps(k0, k1)), _mm_castps_pd(_mm_unpackhi_ps(k0, k1)));
+        _mm_storel_pd(out as *mut f64, lo);
+        _mm_storeh_pd(out.add(rs) as *mut f64, lo);
+        _mm_storel_pd(out.add(2 * rs) as *mut f64, hi);
+        _mm_storeh_pd(out.add(3 * rs) as *mut f64, hi);
+    }
     #[inline]
     #[target_feature(enable = "avx2,fma")]
     pub unsafe fn exp2(x: V) -> V {
@@ -366,6 +410,20 @@ pub(crate) mod scalar {
     #[inline(always)]
     pub unsafe fn hsum(a: V) -> f32 {
         a
+    }
+    #[inline(always)]
+    pub unsafe fn store_hsum4(v: &[V; 4], out: *mut f32) {
+        for (k, &x) in v.iter().enumerate() {
+            *out.add(k) = x;
+        }
+    }
+    #[inline(always)]
+    pub unsafe fn store_hsum_4x2(acc: &[[V; 2]; 4], out: *mut f32, rs: usize) {
+        for (i, row) in acc.iter().enumerate() {
+            for (k, &x) in row.iter().enumerate() {
+                *out.add(i * rs + k) = x;
+            }
+        }
     }
     #[inline(always)]
     pub unsafe fn exp2(x: V) -> V {
