@@ -67,8 +67,6 @@ impl QueryBlock {
 struct Scratch {
     qs: Vec<f32>,
     s: Vec<f32>,
-    /// `P` of the tile's visible columns, key-major (`BC × BR`): `P·V`'s A operand.
-    pt: Vec<f32>,
     o: Vec<f32>,
     m: Vec<f32>,
     l: Vec<f32>,
@@ -165,7 +163,6 @@ fn run_impl<T: HostElement, K: Isa, const EXT: bool, const DROP: bool>(shape: &A
         || Scratch {
             qs: vec![0.0; round_up(BR, K::GEMM_ROWS) * d],
             s: vec![0.0; BR * BC],
-            pt: vec![0.0; BC * BR],
             o: vec![0.0; BR * dp],
             m: vec![0.0; BR],
             l: vec![0.0; BR],
@@ -327,20 +324,15 @@ fn step<K: Isa, const EXT: bool, const DROP: bool>(scr: &mut Scratch, opts: &Att
             }
         }
     } else if clo < chi {
-        // P key-major first: the product's broadcasts of one key's weights for consecutive rows
-        // then read one run, not rows a row stride apart (the transpose costs about a tenth of
-        // the product at D = 64).
-        // SAFETY: s columns clo..chi < BC of `rows` rows; pt holds BC rows of BR ≥ rows; vp rows
-        // j0+clo..j0+chi lie inside the padded tile.
+        // SAFETY: s columns clo..chi < BC; vp rows j0+clo..j0+chi lie inside the padded tile.
         unsafe {
-            K::transpose(scr.s.as_ptr().add(clo), BC, rows, chi - clo, scr.pt.as_mut_ptr(), BR);
             K::gemm(Gemm {
                 m: rows,
                 n: dp,
                 k: chi - clo,
-                a: scr.pt.as_ptr(),
-                a_rs: 1,
-                a_cs: BR,
+                a: scr.s.as_ptr().add(clo),
+                a_rs: BC,
+                a_cs: 1,
                 b: vp.as_ptr().add((j0 + clo) * dp),
                 ldb: dp,
                 c: scr.o.as_mut_ptr(),

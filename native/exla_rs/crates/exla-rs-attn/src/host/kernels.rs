@@ -188,9 +188,6 @@ pub(crate) trait Isa: Send + Sync + 'static {
     /// read once per key tile), so each step's broadcasts come from one short run of memory
     /// instead of `GEMM_ROWS` rows a row stride apart.
     unsafe fn gemm_packed_a(g: Gemm);
-    /// `dst[c·dld + r] = src[r·sld + c]` for `r < rows`, `c < cols`: a probability tile turned
-    /// key-major, so `P·V` broadcasts each key's weights of consecutive rows from one run.
-    unsafe fn transpose(src: *const f32, sld: usize, rows: usize, cols: usize, dst: *mut f32, dld: usize);
     /// Decode scores, for heads `h < heads`, rows `i < rows`, keys `j < n` of `k`:
     /// `out[h, i, j] = Σ_{t<d} q[h, i, t]·K_h[j, t]` (`q` and `out` as [`HeadRows`], `out` with its keys
     /// along the row). Keys are taken in order, every head's row of a key before the next key (the
@@ -334,23 +331,6 @@ macro_rules! isa_kernels {
                         i += r;
                     }
                     jv += nv;
-                }
-            }
-
-            $(#[$feat])?
-            unsafe fn transpose(src: *const f32, sld: usize, rows: usize, cols: usize, dst: *mut f32, dld: usize) {
-                let (r8, c8) = (rows - rows % 8, cols - cols % 8);
-                for r in (0..r8).step_by(8) {
-                    for c in (0..c8).step_by(8) {
-                        s::transpose8x8(src.add(r * sld + c), sld, dst.add(c * dld + r), dld);
-                    }
-                }
-                // The ragged edges, one value at a time.
-                for r in 0..rows {
-                    let c0 = if r < r8 { c8 } else { 0 };
-                    for c in c0..cols {
-                        *dst.add(c * dld + r) = *src.add(r * sld + c);
-                    }
                 }
             }
 
@@ -750,9 +730,6 @@ macro_rules! isa_kernels {
                 }
                 unsafe fn gemm_packed_a(g: Gemm) {
                     gemm::<true>(g)
-                }
-                unsafe fn transpose(src: *const f32, sld: usize, rows: usize, cols: usize, dst: *mut f32, dld: usize) {
-                    transpose(src, sld, rows, cols, dst, dld)
                 }
                 #[allow(clippy::too_many_arguments)]
                 unsafe fn dec_scores(q: HeadRows, rows: usize, heads: usize, k: &Cache, n: usize, out: HeadRows, pf: Prefetch) {

@@ -22,43 +22,6 @@ pub(crate) const EXP2_HI: f32 = 127.0;
 
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx512 {
-
-    /// `dst[c·dld + r] = src[r·sld + c]` for an 8 × 8 block (unpack, shuffle, lane swap: 24
-    /// shuffles for 64 floats).
-    #[inline]
-    #[target_feature(enable = "avx512f")]
-    pub unsafe fn transpose8x8(src: *const f32, sld: usize, dst: *mut f32, dld: usize) {
-        let r: [__m256; 8] = core::array::from_fn(|i| _mm256_loadu_ps(src.add(i * sld)));
-        let t0 = _mm256_unpacklo_ps(r[0], r[1]);
-        let t1 = _mm256_unpackhi_ps(r[0], r[1]);
-        let t2 = _mm256_unpacklo_ps(r[2], r[3]);
-        let t3 = _mm256_unpackhi_ps(r[2], r[3]);
-        let t4 = _mm256_unpacklo_ps(r[4], r[5]);
-        let t5 = _mm256_unpackhi_ps(r[4], r[5]);
-        let t6 = _mm256_unpacklo_ps(r[6], r[7]);
-        let t7 = _mm256_unpackhi_ps(r[6], r[7]);
-        let u0 = _mm256_shuffle_ps::<0x44>(t0, t2);
-        let u1 = _mm256_shuffle_ps::<0xEE>(t0, t2);
-        let u2 = _mm256_shuffle_ps::<0x44>(t1, t3);
-        let u3 = _mm256_shuffle_ps::<0xEE>(t1, t3);
-        let u4 = _mm256_shuffle_ps::<0x44>(t4, t6);
-        let u5 = _mm256_shuffle_ps::<0xEE>(t4, t6);
-        let u6 = _mm256_shuffle_ps::<0x44>(t5, t7);
-        let u7 = _mm256_shuffle_ps::<0xEE>(t5, t7);
-        let out = [
-            _mm256_permute2f128_ps::<0x20>(u0, u4),
-            _mm256_permute2f128_ps::<0x20>(u1, u5),
-            _mm256_permute2f128_ps::<0x20>(u2, u6),
-            _mm256_permute2f128_ps::<0x20>(u3, u7),
-            _mm256_permute2f128_ps::<0x31>(u0, u4),
-            _mm256_permute2f128_ps::<0x31>(u1, u5),
-            _mm256_permute2f128_ps::<0x31>(u2, u6),
-            _mm256_permute2f128_ps::<0x31>(u3, u7),
-        ];
-        for (i, v) in out.iter().enumerate() {
-            _mm256_storeu_ps(dst.add(i * dld), *v);
-        }
-    }
     use super::{EXP2_HI, EXP2_LO, EXP2_P};
     use core::arch::x86_64::*;
 
@@ -174,43 +137,6 @@ pub(crate) mod avx512 {
 
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx2 {
-
-    /// `dst[c·dld + r] = src[r·sld + c]` for an 8 × 8 block (unpack, shuffle, lane swap: 24
-    /// shuffles for 64 floats).
-    #[inline]
-    #[target_feature(enable = "avx2,fma")]
-    pub unsafe fn transpose8x8(src: *const f32, sld: usize, dst: *mut f32, dld: usize) {
-        let r: [__m256; 8] = core::array::from_fn(|i| _mm256_loadu_ps(src.add(i * sld)));
-        let t0 = _mm256_unpacklo_ps(r[0], r[1]);
-        let t1 = _mm256_unpackhi_ps(r[0], r[1]);
-        let t2 = _mm256_unpacklo_ps(r[2], r[3]);
-        let t3 = _mm256_unpackhi_ps(r[2], r[3]);
-        let t4 = _mm256_unpacklo_ps(r[4], r[5]);
-        let t5 = _mm256_unpackhi_ps(r[4], r[5]);
-        let t6 = _mm256_unpacklo_ps(r[6], r[7]);
-        let t7 = _mm256_unpackhi_ps(r[6], r[7]);
-        let u0 = _mm256_shuffle_ps::<0x44>(t0, t2);
-        let u1 = _mm256_shuffle_ps::<0xEE>(t0, t2);
-        let u2 = _mm256_shuffle_ps::<0x44>(t1, t3);
-        let u3 = _mm256_shuffle_ps::<0xEE>(t1, t3);
-        let u4 = _mm256_shuffle_ps::<0x44>(t4, t6);
-        let u5 = _mm256_shuffle_ps::<0xEE>(t4, t6);
-        let u6 = _mm256_shuffle_ps::<0x44>(t5, t7);
-        let u7 = _mm256_shuffle_ps::<0xEE>(t5, t7);
-        let out = [
-            _mm256_permute2f128_ps::<0x20>(u0, u4),
-            _mm256_permute2f128_ps::<0x20>(u1, u5),
-            _mm256_permute2f128_ps::<0x20>(u2, u6),
-            _mm256_permute2f128_ps::<0x20>(u3, u7),
-            _mm256_permute2f128_ps::<0x31>(u0, u4),
-            _mm256_permute2f128_ps::<0x31>(u1, u5),
-            _mm256_permute2f128_ps::<0x31>(u2, u6),
-            _mm256_permute2f128_ps::<0x31>(u3, u7),
-        ];
-        for (i, v) in out.iter().enumerate() {
-            _mm256_storeu_ps(dst.add(i * dld), *v);
-        }
-    }
     use super::{EXP2_HI, EXP2_LO, EXP2_P};
     use core::arch::x86_64::*;
 
@@ -339,16 +265,6 @@ pub(crate) mod avx2 {
 
 /// Portable fallback (one lane). Same polynomial, so results match the SIMD paths closely.
 pub(crate) mod scalar {
-
-    /// `dst[c·dld + r] = src[r·sld + c]` for an 8 × 8 block.
-    #[inline(always)]
-    pub unsafe fn transpose8x8(src: *const f32, sld: usize, dst: *mut f32, dld: usize) {
-        for r in 0..8 {
-            for c in 0..8 {
-                *dst.add(c * dld + r) = *src.add(r * sld + c);
-            }
-        }
-    }
     use super::{EXP2_HI, EXP2_LO, EXP2_P};
 
     pub type V = f32;
