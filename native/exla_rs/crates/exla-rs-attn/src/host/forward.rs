@@ -6,14 +6,13 @@
 //!   runs with K as the row-major B operand of the GEMM; keys past `Sk` are 0.
 //! - `vp[b, kvh, j, d]` = `v[b, j, kvh, d]`, rows padded to `dp` (a multiple of `PAD`).
 //!
-//! Query rows are packed per task for `Isa::gemm_packed_a` (panels of its `GEMM_ROWS` rows, each
-//! column of a panel one run of memory), pre-multiplied by `scale·log2(e)` (scores in exp2 units).
+//! Query rows are packed per task, pre-multiplied by `scale·log2(e)` (scores in exp2 units).
 
 use rayon::prelude::*;
 
 use super::dropout::{keep_tile_fn, KeepTileFn, MUL, NO_DROPOUT};
 use super::extra::{BiasPanel, PanelSpan, Prep, PANEL_TILES};
-use super::kernels::{pack_a, Gemm, Isa, Prefetch, RowExtra, LOG2_E, PAD};
+use super::kernels::{Gemm, Isa, Prefetch, RowExtra, LOG2_E, PAD};
 use super::tiles::{BC, BR};
 use super::{finish_row, online_update, round_up, FwdInputs, FwdOutputs, HostElement, SyncPtr};
 use crate::philox::Dropout;
@@ -161,7 +160,7 @@ fn run_impl<T: HostElement, K: Isa, const EXT: bool, const DROP: bool>(shape: &A
     let (kt, vp) = (&kt[..], &vp[..]);
     (0..batch * h * nqb).into_par_iter().for_each_init(
         || Scratch {
-            qs: vec![0.0; round_up(BR, K::GEMM_ROWS) * d],
+            qs: vec![0.0; BR * dp],
             s: vec![0.0; BR * BC],
             o: vec![0.0; BR * dp],
             m: vec![0.0; BR],
@@ -179,10 +178,14 @@ fn run_impl<T: HostElement, K: Isa, const EXT: bool, const DROP: bool>(shape: &A
             scr.l[..rows].fill(0.0);
             if !block.is_empty() {
                 // log2(e) folded in: scores come out of the GEMM ready for exp2.
-                // Packed for the score products (`gemm_packed_a`): every key tile reads it.
                 let qscale = opts.scale * LOG2_E;
-                let q_row = |r: usize| ((b * sq + i0 + r) * h + hq) * d;
-                pack_a(rows, d, K::GEMM_ROWS, &mut scr.qs, |r, p| qscale * inp.q[q_row(r) + p].to_f32());
+                for r in 0..rows {
+                    let src = ((b * sq + i0 + r) * h + hq) * d;
+                    // Padding columns d..dp are never written, so they stay 0.
+                    for (o, x) in scr.qs[r * dp..r * dp + d].iter_mut().zip(&inp.q[src..src + d]) {
+                        *o = qscale * x.to_f32();
+                    }
+                }
                 scr.o[..rows * dp].fill(0.0);
                 let kt = &kt[bkv * ntk * d * BC..(bkv + 1) * ntk * d * BC];
                 let vp = &vp[bkv * ntk * BC * dp..(bkv + 1) * ntk * BC * dp];
@@ -233,15 +236,15 @@ fn run_impl<T: HostElement, K: Isa, const EXT: bool, const DROP: bool>(shape: &A
 fn step<K: Isa, const EXT: bool, const DROP: bool>(scr: &mut Scratch, opts: &AttnOptions, rows: usize, d: usize, dp: usize, tile: usize, kt: &[f32], vp: &[f32], v_bad: bool, ctx: &RowCtx<'_, '_>) {
     let j0 = tile * BC;
     let kt_tile = &kt[tile * d * BC..(tile + 1) * d * BC];
-    // SAFETY: qs holds rows×d packed by `pack_a` for K, kt_tile is d×BC, s is BR×BC.
+    // SAFETY: qs is rows×dp (k = d ≤ dp columns read), kt_tile is d×BC, s is BR×BC.
     unsafe {
-        K::gemm_packed_a(Gemm {
+        K::gemm(Gemm {
             m: rows,
             n: BC,
             k: d,
             a: scr.qs.as_ptr(),
-            a_rs: 0,
-            a_cs: 0,
+            a_rs: dp,
+            a_cs: 1,
             b: kt_tile.as_ptr(),
             ldb: BC,
             c: scr.s.as_mut_ptr(),

@@ -155,20 +155,6 @@ pub(crate) struct HeadRows {
     pub hs: usize,
 }
 
-/// Packs `m × k` of A, `A[i, p] = at(i, p)`, for [`Isa::gemm_packed_a`] with panels of `rows`
-/// (its `GEMM_ROWS`): `A[i, p]` goes to `dst[(i - i % rows)·k + p·rows + i % rows]`. `dst` holds
-/// `round_up(m, rows)·k` floats; the last panel's rows past `m` are never read.
-#[inline]
-pub(crate) fn pack_a(m: usize, k: usize, rows: usize, dst: &mut [f32], at: impl Fn(usize, usize) -> f32) {
-    assert!(dst.len() >= m.div_ceil(rows) * rows * k, "pack_a: dst holds {} floats, {m}×{k} in panels of {rows} need more", dst.len());
-    for i in 0..m {
-        let panel = &mut dst[(i - i % rows) * k + i % rows..];
-        for p in 0..k {
-            panel[p * rows] = at(i, p);
-        }
-    }
-}
-
 /// The kernels of one instruction set.
 ///
 /// # Safety
@@ -179,15 +165,7 @@ pub(crate) trait Isa: Send + Sync + 'static {
     const SCALAR: bool;
     /// f32 lanes per vector: every `n` handed to [`Isa::gemm`] is a multiple of it.
     const LANES: usize;
-    /// Rows of A one micro-kernel call of [`Isa::gemm`] broadcasts from: the packed layout's
-    /// panel height ([`pack_a`]).
-    const GEMM_ROWS: usize;
     unsafe fn gemm(g: Gemm);
-    /// [`Isa::gemm`] with A packed by [`pack_a`] with this family's [`Isa::GEMM_ROWS`]
-    /// (`g.a_rs`/`g.a_cs` unread): for an A that many products read (the forward's query block,
-    /// read once per key tile), so each step's broadcasts come from one short run of memory
-    /// instead of `GEMM_ROWS` rows a row stride apart.
-    unsafe fn gemm_packed_a(g: Gemm);
     /// Decode scores, for heads `h < heads`, rows `i < rows`, keys `j < n` of `k`:
     /// `out[h, i, j] = Σ_{t<d} q[h, i, t]·K_h[j, t]` (`q` and `out` as [`HeadRows`], `out` with its keys
     /// along the row). Keys are taken in order, every head's row of a key before the next key (the
@@ -257,7 +235,7 @@ macro_rules! isa_kernels {
 
             $(#[$feat])?
             #[inline]
-            unsafe fn micro<const R: usize, const NV: usize, const PACKED: bool>(g: &Gemm, i0: usize, j0: usize) {
+            unsafe fn micro<const R: usize, const NV: usize>(g: &Gemm, i0: usize, j0: usize) {
                 let mut acc: [[V; NV]; R] = [[s::zero(); NV]; R];
                 let c = g.c.add(i0 * g.ldc + j0);
                 if g.accumulate {
@@ -267,18 +245,16 @@ macro_rules! isa_kernels {
                         }
                     }
                 }
-                // Packed A ([`Isa::gemm_packed_a`]): the group's R_MAIN-row panel, its column p
-                // one run of R_MAIN floats, so the R broadcasts of a step read one or two lines.
-                let (a, a_rs, a_cs) = if PACKED { (g.a.add(i0 * g.k), 1, R_MAIN) } else { (g.a.add(i0 * g.a_rs), g.a_rs, g.a_cs) };
+                let a = g.a.add(i0 * g.a_rs);
                 let mut b = g.b.add(j0);
                 for p in 0..g.k {
                     let mut bv: [V; NV] = [s::zero(); NV];
                     for v in 0..NV {
                         bv[v] = s::load(b.add(v * L));
                     }
-                    let ap = a.add(p * a_cs);
+                    let ap = a.add(p * g.a_cs);
                     for r in 0..R {
-                        let av = s::splat(*ap.add(r * a_rs));
+                        let av = s::splat(*ap.add(r * g.a_rs));
                         for v in 0..NV {
                             acc[r][v] = s::fma(av, bv[v], acc[r][v]);
                         }
@@ -295,20 +271,20 @@ macro_rules! isa_kernels {
             /// Picks the micro-kernel instance for an `r × nv` edge block.
             $(#[$feat])?
             #[inline]
-            unsafe fn micro_dyn<const NV: usize, const PACKED: bool>(g: &Gemm, r: usize, i0: usize, j0: usize) {
+            unsafe fn micro_dyn<const NV: usize>(g: &Gemm, r: usize, i0: usize, j0: usize) {
                 match r {
-                    1 => micro::<1, NV, PACKED>(g, i0, j0),
-                    2 => micro::<2, NV, PACKED>(g, i0, j0),
-                    3 => micro::<3, NV, PACKED>(g, i0, j0),
-                    4 => micro::<4, NV, PACKED>(g, i0, j0),
-                    5 => micro::<5, NV, PACKED>(g, i0, j0),
-                    _ => micro::<{ R_MAIN }, NV, PACKED>(g, i0, j0),
+                    1 => micro::<1, NV>(g, i0, j0),
+                    2 => micro::<2, NV>(g, i0, j0),
+                    3 => micro::<3, NV>(g, i0, j0),
+                    4 => micro::<4, NV>(g, i0, j0),
+                    5 => micro::<5, NV>(g, i0, j0),
+                    _ => micro::<{ R_MAIN }, NV>(g, i0, j0),
                 }
             }
 
             $(#[$feat])?
             #[allow(clippy::modulo_one)] // L = 1 in the scalar instance
-            unsafe fn gemm<const PACKED: bool>(g: Gemm) {
+            unsafe fn gemm(g: Gemm) {
                 debug_assert!(g.n % L == 0);
                 let nvec = g.n / L;
                 let mut jv = 0;
@@ -323,10 +299,10 @@ macro_rules! isa_kernels {
                         let r = (g.m - i).min(R_MAIN);
                         pf.step();
                         match nv {
-                            1 => micro_dyn::<1, PACKED>(&g, r, i, jv * L),
-                            2 if NV_MAIN >= 2 => micro_dyn::<2, PACKED>(&g, r, i, jv * L),
-                            3 if NV_MAIN >= 3 => micro_dyn::<3, PACKED>(&g, r, i, jv * L),
-                            _ => micro_dyn::<{ NV_MAIN }, PACKED>(&g, r, i, jv * L),
+                            1 => micro_dyn::<1>(&g, r, i, jv * L),
+                            2 if NV_MAIN >= 2 => micro_dyn::<2>(&g, r, i, jv * L),
+                            3 if NV_MAIN >= 3 => micro_dyn::<3>(&g, r, i, jv * L),
+                            _ => micro_dyn::<{ NV_MAIN }>(&g, r, i, jv * L),
                         }
                         i += r;
                     }
@@ -724,12 +700,8 @@ macro_rules! isa_kernels {
             impl Isa for Kernels {
                 const SCALAR: bool = L == 1;
                 const LANES: usize = L;
-                const GEMM_ROWS: usize = R_MAIN;
                 unsafe fn gemm(g: Gemm) {
-                    gemm::<false>(g)
-                }
-                unsafe fn gemm_packed_a(g: Gemm) {
-                    gemm::<true>(g)
+                    gemm(g)
                 }
                 #[allow(clippy::too_many_arguments)]
                 unsafe fn dec_scores(q: HeadRows, rows: usize, heads: usize, k: &Cache, n: usize, out: HeadRows, pf: Prefetch) {
