@@ -68,6 +68,17 @@ struct BF16 {
   }
 };
 
+// Two m16n8 accumulator tiles `c0`, `c1` (consecutive 8-column halves of 16 rows) packed into
+// one m16k16 A fragment of the input type `T`: a product's result reused in registers as the
+// next product's A operand (the backward's P^T and dS^T for dV and dK).
+template <class T>
+EXLA_RS_DEVICE void pack_a_frag(unsigned (&a)[4], const float (&c0)[4], const float (&c1)[4]) {
+  a[0] = T::pack2(c0[0], c0[1]);
+  a[1] = T::pack2(c0[2], c0[3]);
+  a[2] = T::pack2(c1[0], c1[1]);
+  a[3] = T::pack2(c1[2], c1[3]);
+}
+
 // Non-finite 16-bit values (inf, NaN) by their bits. A tile may hold keys that some of its rows
 // must not see; the tensor cores multiply those rows' exact zeros by whatever is stored there, and
 // 0 * inf = NaN. The kernels find such values with these (only on the tiles where it can matter)

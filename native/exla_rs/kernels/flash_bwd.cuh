@@ -523,14 +523,8 @@ __device__ __forceinline__ void flash_bwd(const BwdParams& p) {
 #pragma unroll
       for (int kq = 0; kq < BM / 16; ++kq) {
         unsigned ap[4], as[4];
-        ap[0] = T::pack2(st[2 * kq][0], st[2 * kq][1]);
-        ap[1] = T::pack2(st[2 * kq][2], st[2 * kq][3]);
-        ap[2] = T::pack2(st[2 * kq + 1][0], st[2 * kq + 1][1]);
-        ap[3] = T::pack2(st[2 * kq + 1][2], st[2 * kq + 1][3]);
-        as[0] = T::pack2(dpt[2 * kq][0], dpt[2 * kq][1]);
-        as[1] = T::pack2(dpt[2 * kq][2], dpt[2 * kq][3]);
-        as[2] = T::pack2(dpt[2 * kq + 1][0], dpt[2 * kq + 1][1]);
-        as[3] = T::pack2(dpt[2 * kq + 1][2], dpt[2 * kq + 1][3]);
+        pack_a_frag<T>(ap, st[2 * kq], st[2 * kq + 1]);
+        pack_a_frag<T>(as, dpt[2 * kq], dpt[2 * kq + 1]);
 #pragma unroll
         for (int dt = 0; dt < DW / 16; ++dt) {
           const int b_off =
@@ -692,14 +686,8 @@ __device__ __forceinline__ void flash_bwd(const BwdParams& p) {
 #pragma unroll
         for (int kq = 0; kq < BM / 16; ++kq) {
           unsigned ap[4], as[4];
-          ap[0] = T::pack2(st[2 * kq][0], st[2 * kq][1]);
-          ap[1] = T::pack2(st[2 * kq][2], st[2 * kq][3]);
-          ap[2] = T::pack2(st[2 * kq + 1][0], st[2 * kq + 1][1]);
-          ap[3] = T::pack2(st[2 * kq + 1][2], st[2 * kq + 1][3]);
-          as[0] = T::pack2(dpt[2 * kq][0], dpt[2 * kq][1]);
-          as[1] = T::pack2(dpt[2 * kq][2], dpt[2 * kq][3]);
-          as[2] = T::pack2(dpt[2 * kq + 1][0], dpt[2 * kq + 1][1]);
-          as[3] = T::pack2(dpt[2 * kq + 1][2], dpt[2 * kq + 1][3]);
+          pack_a_frag<T>(ap, st[2 * kq], st[2 * kq + 1]);
+          pack_a_frag<T>(as, dpt[2 * kq], dpt[2 * kq + 1]);
 #pragma unroll
           for (int dt = 0; dt < DW / 16; ++dt) {
             unsigned bo[4], bq[4];
