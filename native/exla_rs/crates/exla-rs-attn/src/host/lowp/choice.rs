@@ -20,7 +20,8 @@ use crate::host::kernels;
 use crate::host::{BwdInputs, BwdOutputs, FwdInputs, FwdOutputs, HostElement};
 use crate::{AttnOptions, AttnShape, Extras, Pass};
 
-/// Rounds of the probe: each times the unit, then the f32 path, once (after one warm-up each).
+/// Rounds of the probe: each times the unit, then the f32 path, once (after one warm-up each:
+/// [`best_alternating`]).
 const ROUNDS: usize = 3;
 
 /// The call a probe times: long enough that the key loop dominates (tile setup and packing are
@@ -97,45 +98,45 @@ pub(crate) fn probe<T: HostElement>(unit: Unit, which: Which, pass: Pass, head_d
     let fwd_in = || FwdInputs { q: &q, k: &k, v: &v, kv_len: &kv_len, q_start: &q_start };
     let mut o = vec![T::from_f32(0.0); shape.q_len()];
     let mut lse = vec![0f32; shape.lse_len()];
-    let time = |f: &mut dyn FnMut()| {
-        let t = Instant::now();
-        f();
-        t.elapsed().as_secs_f64()
-    };
-    let mut best = Timing { unit: f64::INFINITY, f32_path: f64::INFINITY };
-    match pass {
+    let t = match pass {
         Pass::Forward => {
             let mut on_unit = || super::forward(unit, which, &shape, &opts, fwd_in(), FwdOutputs { o: &mut o, lse: &mut lse });
             let mut o2 = vec![T::from_f32(0.0); shape.q_len()];
             let mut lse2 = vec![0f32; shape.lse_len()];
             let mut on_f32 = || f32_forward(which, &shape, &opts, fwd_in(), FwdOutputs { o: &mut o2, lse: &mut lse2 });
-            on_unit();
-            on_f32();
-            for _ in 0..ROUNDS {
-                best.unit = best.unit.min(time(&mut on_unit));
-                best.f32_path = best.f32_path.min(time(&mut on_f32));
-            }
+            best_alternating(ROUNDS, &mut [&mut on_unit, &mut on_f32])
         }
         Pass::Backward => {
             f32_forward(which, &shape, &opts, fwd_in(), FwdOutputs { o: &mut o, lse: &mut lse });
             let d_o = draw(shape.q_len(), 0x54);
             let bwd_in = || BwdInputs { q: &q, k: &k, v: &v, kv_len: &kv_len, q_start: &q_start, o: &o, lse: &lse, d_o: &d_o };
-            let zeros = || vec![T::from_f32(0.0); shape.q_len()];
-            let (mut dq, mut dk, mut dv) = (zeros(), zeros(), zeros());
-            let (mut dq2, mut dk2, mut dv2) = (zeros(), zeros(), zeros());
-            let unit_takes = super::backward_takes(&bwd_in());
-            let mut on_unit = || super::backward(unit, which, &shape, &opts, bwd_in(), BwdOutputs { dq: &mut dq, dk: &mut dk, dv: &mut dv });
-            let mut on_f32 = || f32_backward(which, &shape, &opts, bwd_in(), BwdOutputs { dq: &mut dq2, dk: &mut dk2, dv: &mut dv2 });
-            if !unit_takes {
+            if !super::backward_takes(&bwd_in()) {
                 // Random finite operands always qualify; should that change, the unit loses.
                 return Timing { unit: f64::INFINITY, f32_path: 0.0 };
             }
-            on_unit();
-            on_f32();
-            for _ in 0..ROUNDS {
-                best.unit = best.unit.min(time(&mut on_unit));
-                best.f32_path = best.f32_path.min(time(&mut on_f32));
-            }
+            let zeros = |n: usize| vec![T::from_f32(0.0); n];
+            let (mut dq, mut dk, mut dv) = (zeros(shape.q_len()), zeros(shape.kv_len()), zeros(shape.kv_len()));
+            let (mut dq2, mut dk2, mut dv2) = (zeros(shape.q_len()), zeros(shape.kv_len()), zeros(shape.kv_len()));
+            let mut on_unit = || super::backward(unit, which, &shape, &opts, bwd_in(), BwdOutputs { dq: &mut dq, dk: &mut dk, dv: &mut dv });
+            let mut on_f32 = || f32_backward(which, &shape, &opts, bwd_in(), BwdOutputs { dq: &mut dq2, dk: &mut dk2, dv: &mut dv2 });
+            best_alternating(ROUNDS, &mut [&mut on_unit, &mut on_f32])
+        }
+    };
+    Timing { unit: t[0], f32_path: t[1] }
+}
+
+/// Best seconds of each closure over `rounds` rounds that run them one after another (a load
+/// spike hits all of them), after one warm-up run each.
+pub(crate) fn best_alternating(rounds: usize, fs: &mut [&mut dyn FnMut()]) -> Vec<f64> {
+    for f in fs.iter_mut() {
+        f();
+    }
+    let mut best = vec![f64::INFINITY; fs.len()];
+    for _ in 0..rounds {
+        for (b, f) in best.iter_mut().zip(fs.iter_mut()) {
+            let t = Instant::now();
+            f();
+            *b = b.min(t.elapsed().as_secs_f64());
         }
     }
     best

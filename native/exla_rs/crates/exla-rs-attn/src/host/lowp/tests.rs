@@ -471,22 +471,6 @@ fn lowp_probe_keeps_a_slower_unit_off() {
     assert!(!Timing { unit: 1.0, f32_path: 1.0 }.unit_wins());
 }
 
-/// Best-of-`rounds` seconds of each closure, run alternately (a load spike hits both).
-fn best_alternating(rounds: usize, fs: &mut [&mut dyn FnMut()]) -> Vec<f64> {
-    let mut best = vec![f64::INFINITY; fs.len()];
-    for f in fs.iter_mut() {
-        f();
-    }
-    for _ in 0..rounds {
-        for (b, f) in best.iter_mut().zip(fs.iter_mut()) {
-            let t = std::time::Instant::now();
-            f();
-            *b = b.min(t.elapsed().as_secs_f64());
-        }
-    }
-    best
-}
-
 /// How much slower than the faster path the choice may time and still count as equal: CI's cores
 /// are shared and other tests run beside this one.
 const NOISE: f64 = 1.25;
@@ -496,10 +480,11 @@ fn fastest(has_unit: bool, t: &[f64]) -> f64 {
     if has_unit { t[1].min(t[2]) } else { t[1] }
 }
 
-/// [`best_alternating`] over (choice, f32 path, unit), measured again (up to four times) while
+/// `choice::best_alternating` over (choice, f32 path, unit), measured again (up to four times) while
 /// the choice looks slower than [`NOISE`] allows: a burst of other tests on the cores must not
 /// fail the test, a choice that is really slower fails every attempt.
 fn slowdown_of_choice(has_unit: bool, fs: &mut [&mut dyn FnMut()]) -> Vec<f64> {
+    use super::choice::best_alternating;
     let mut t = best_alternating(7, fs);
     for _ in 0..3 {
         if t[0] <= NOISE * fastest(has_unit, &t) {
