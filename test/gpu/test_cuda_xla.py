@@ -63,11 +63,35 @@ SM90_CPU_RUN = PLATFORM == "cuda-on-cpu" and os.environ.get("EXLA_RS_CUDA_PATH",
 SM90_DIMS = (64, 128, 256)
 
 
-def skip_unless_sm90_forward(dt: str, d: int, optional_operands: bool = False, forward_only_test: bool = True):
+SM90_BWD_DIMS = (64, 128)  # sm90_bwd.rs SM90_BWD_HEAD_DIMS
+
+
+def skip_unless_sm90_forward(dt: str, d: int, optional_operands: bool = False, forward_only_test: bool = True,
+                             sm90_backward_d: int | None = None):
     """In the sm90 cuda-on-cpu run, skips a test that cannot reach the sm90 forward (a padded head
-    dim reaches it when its kernel head dim is an sm90 one: 40 runs on 64)."""
+    dim reaches it when its kernel head dim is an sm90 one: 40 runs on 64). `sm90_backward_d`: the
+    head dim of the test's backward calls; the test is kept when they reach the sm90 backward."""
+    if SM90_CPU_RUN and sm90_backward_d is not None and reaches_sm90_backward(dt, sm90_backward_d, optional_operands):
+        return
     if SM90_CPU_RUN and (dt == "f32" or ex.kernel_head_dim(d) not in SM90_DIMS or optional_operands or not forward_only_test):
         pytest.skip("sm90 cuda-on-cpu run: these calls run the mma.sync/SIMT kernels the default run checks")
+
+
+def reaches_sm90_backward(dt: str, d: int, optional_operands: bool = False) -> bool:
+    return dt in ("f16", "bf16") and ex.kernel_head_dim(d) in SM90_BWD_DIMS and not optional_operands
+
+
+def sm90_backward_launches(dt: str, d: int) -> int:
+    """How often the sm90 backward kernel of (dt, d) ran so far (0 off the cuda-on-cpu platform)."""
+    if PLATFORM != "cuda-on-cpu" or not reaches_sm90_backward(dt, d):
+        return 0
+    return ex.gpusim_launch_counts().get(f"exla_rs_sm90_bwd_{dt}_d{ex.kernel_head_dim(d)}", 0)
+
+
+def assert_sm90_backward_ran(dt: str, d: int, before: int):
+    """In the sm90 cuda-on-cpu run, proves the backward this test checked ran on the sm90 kernel."""
+    if SM90_CPU_RUN and reaches_sm90_backward(dt, d):
+        assert sm90_backward_launches(dt, d) > before, f"the sm90 backward (dt {dt}, d {d}) did not run"
 
 
 def capped(c: Case) -> Case:
@@ -164,12 +188,14 @@ def test_forward_matches_float64_reference(case, dt):
 def test_backward_matches_float64_reference(case, dt):
     # The backward kernels are those of the default run; the sm90 forward's o / lse are checked
     # by the forward test.
-    skip_unless_sm90_forward(dt, case.d, forward_only_test=False)
+    skip_unless_sm90_forward(dt, case.d, forward_only_test=False, sm90_backward_d=case.d)
     x = make(case, DTYPES[dt], seed())
     o, lse = run_fwd(x)
     poison((x.q.shape, x.q.dtype), (x.k.shape, x.k.dtype), (x.v.shape, x.v.dtype))
     q, k, v, kv, qs, do = on_gpu(x.q, x.k, x.v, x.kv_len, x.q_start, x.do)
+    before = sm90_backward_launches(dt, case.d)
     dq, dk, dv = ex.flash_attn_bwd(q, k, v, kv, qs, o, lse, do, platform=PLATFORM, **x.kw)
+    assert_sm90_backward_ran(dt, case.d, before)
     # The reference takes the kernel's own o (as the contract's backward does) in float64.
     refs = ex.reference_bwd(x.q, x.k, x.v, x.kv_len, x.q_start, x.do, **x.kw)
     ctx = f"seed={x.seed}"
@@ -188,7 +214,7 @@ LSE_PARAMS = [pytest.param(c, dt, id=f"{c.name}-{dt}") for c in CUDA_CASES if ex
 def test_lse_gradient_through_augmented_backward(case, dt):
     """The lse part of the gradient (ExlaRs.attention_with_lse): our backward on operands padded
     to the next kernel head dim, v with a column of ones and do carrying dlse there."""
-    skip_unless_sm90_forward(dt, case.d, forward_only_test=False)
+    skip_unless_sm90_forward(dt, case.d, forward_only_test=False, sm90_backward_d=ex.lse_grad_head_dim(case.d))
     x = make(case, DTYPES[dt], seed())
     o, lse = run_fwd(x)
     dlse = np.random.default_rng(x.seed + 1).standard_normal(lse.shape).astype(np.float32)
@@ -378,7 +404,7 @@ def test_backward_rows_with_lse_neg_inf_inside_fully_visible_tiles(d, dt):
     (no mask code), where those rows must still contribute nothing. dq of those rows is exactly 0,
     and dq, dk, dv match the clean call with their do rows zero (which contribute nothing either);
     a GQA group of 2 so the lean loop's steps cross query heads."""
-    skip_unless_sm90_forward(dt, d, forward_only_test=False)
+    skip_unless_sm90_forward(dt, d, forward_only_test=False, sm90_backward_d=d)
     b, sq, sk, h, hkv = 1, 150, 140, 4, 2
     sd = seed()
     rng = np.random.default_rng(sd)
@@ -401,7 +427,9 @@ def test_backward_rows_with_lse_neg_inf_inside_fully_visible_tiles(d, dt):
         args = on_gpu(q_, k, v, kv, qs, o, lse_, do_)
         return [np.asarray(x).astype(np.float32) for x in ex.flash_attn_bwd(*args, platform=PLATFORM, **kw)]
 
+    before = sm90_backward_launches(dt, d)
     got, want = run(pq, pdo, lse), run(q, zdo, lse0)
+    assert_sm90_backward_ran(dt, d, before)
     ctx = f"d{d} {dt} seed={sd}"
     assert np.all(got[0][sel] == 0), f"dq of the lse = -inf rows ({ctx})"
     for what, gx, wx in zip(("dq", "dk", "dv"), got, want):
@@ -1054,8 +1082,8 @@ def test_every_kernel_was_launched():
         ran = set(ex.gpusim_launch_counts())
     sm90 = kernels_defined("sm90/inst")
     if SM90_CPU_RUN:
-        # The tests this run keeps (above) reach every sm90 forward instantiation.
-        assert len(sm90) == 6, sm90
+        # The tests this run keeps (above) reach every sm90 forward and backward instantiation.
+        assert len(sm90) == 10, sm90
         assert not sm90 - ran, f"never launched with EXLA_RS_CUDA_PATH=sm90: {sorted(sm90 - ran)}"
         return
     want = kernels_defined("inst")

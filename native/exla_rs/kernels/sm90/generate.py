@@ -86,6 +86,22 @@ def fwd(dt, d):
             f"EXLA_RS_KERNEL_ENTRY(exla_rs_sm90_fwd_{dt}_d{d})\n")
 
 
+# The sm90 backward (flash_bwd_sm90.cuh): plain feature set, these head dims.
+BWD_HEAD_DIMS = [64, 128]
+
+
+def bwd(dt, d):
+    return (f'{HEADER}#include "../flash_bwd_sm90.cuh"\n\n'
+            f"extern \"C\" __global__ void __launch_bounds__(exla_rs::sm90::BwdTraits90<{d}>::kThreads, 1)\n"
+            f"exla_rs_sm90_bwd_{dt}_d{d}(const __grid_constant__ exla_rs::BwdParams p,\n"
+            f"                          const __grid_constant__ exla_rs::sm90::TensorMap tq,\n"
+            f"                          const __grid_constant__ exla_rs::sm90::TensorMap tk,\n"
+            f"                          const __grid_constant__ exla_rs::sm90::TensorMap tv,\n"
+            f"                          const __grid_constant__ exla_rs::sm90::TensorMap tdo) {{\n"
+            f"  exla_rs::sm90::flash_bwd<exla_rs::{HALF[dt]}, {d}>(p, &tq, &tk, &tv, &tdo);\n}}\n"
+            f"EXLA_RS_KERNEL_ENTRY(exla_rs_sm90_bwd_{dt}_d{d})\n")
+
+
 def main():
     here = pathlib.Path(__file__).resolve().parent
     (here / "wgmma_ops.cuh").write_text(wgmma_ops())
@@ -95,6 +111,8 @@ def main():
     for dt in HALF:
         for d in HEAD_DIMS:
             want[f"sm90_fwd_{dt}_d{d}.cu"] = fwd(dt, d)
+        for d in BWD_HEAD_DIMS:
+            want[f"sm90_bwd_{dt}_d{d}.cu"] = bwd(dt, d)
     for old in inst.glob("*.cu"):
         if old.name not in want:
             old.unlink()

@@ -221,7 +221,15 @@ pub unsafe fn backward(
             (p.dq, p.dk, p.dv) = (at(l.dq) as _, at(l.dk) as _, at(l.dv) as _);
         }
         let features = FeatureSet::of(&p.x, dbias_elems.is_some());
-        run(dev, &config::backward_plan(dtype, &ks, features, dbias_elems), &p)?;
+        let plan = config::backward_plan(dtype, &ks, features, dbias_elems);
+        // Hopper, opted in (src/sm90_bwd.rs): the pre pass, the sm90 main kernel, the convert pass.
+        if features == FeatureSet::PLAIN && plan.len() == 3 && crate::sm90_bwd::takes(dev, dtype, &ks, false)? {
+            run(dev, &plan[..1], &p)?;
+            crate::sm90_bwd::launch(dev, dtype, &ks, &p)?;
+            run(dev, &plan[2..], &p)?;
+        } else {
+            run(dev, &plan, &p)?;
+        }
         if let Some(l) = &pad {
             for (rows, src, dst) in [(q_rows, l.dq, bufs.dq), (kv_rows, l.dk, bufs.dk), (kv_rows, l.dv, bufs.dv)] {
                 pad_copy(dev, dtype, rows, at(src), l.head_dim, dst, d)?;

@@ -20,6 +20,7 @@ mod modules;
 mod nvrtc;
 mod params;
 mod sm90;
+mod sm90_bwd;
 mod split;
 mod status;
 mod stream;

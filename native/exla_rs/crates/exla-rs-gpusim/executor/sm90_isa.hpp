@@ -209,6 +209,11 @@ template <class T, int M>
 EXLA_RS_SM90 void wgmma_ss(float (&d)[M], u64 desc_a, u64 desc_b, int scale_d) {
   wgmma_issue<T>(d, nullptr, desc_a, desc_b, scale_d, 0, "wgmma.mma_async SS");
 }
+// SS with imm-trans-b = 1 (B MN-major): the sm90 backward's dQ = dS K (kernels/sm90/flash_bwd_sm90.cuh).
+template <class T, int M>
+EXLA_RS_SM90 void wgmma_ss_tb(float (&d)[M], u64 desc_a, u64 desc_b, int scale_d) {
+  wgmma_issue<T>(d, nullptr, desc_a, desc_b, scale_d, 1, "wgmma.mma_async SS trans-b");
+}
 template <class T, int kTransB, int M>
 EXLA_RS_SM90 void wgmma_rs(float (&d)[M], const unsigned (&a)[4], u64 desc_b, int scale_d) {
   wgmma_issue<T>(d, a, 0, desc_b, scale_d, kTransB, "wgmma.mma_async RS");

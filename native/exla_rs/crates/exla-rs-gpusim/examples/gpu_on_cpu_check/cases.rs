@@ -39,7 +39,7 @@ pub struct Case {
     pub alibi: bool,
     /// 0 = none.
     pub dropout: f32,
-    /// `EXLA_RS_CUDA_PATH` for the forward (None = unset: auto). `Case::new` says `mma`: the
+    /// `EXLA_RS_CUDA_PATH` for the forward and the backward (None = unset: auto). `Case::new` says `mma`: the
     /// executor is a 9.0 device, where auto would run some f16/bf16 calls on sm90 and leave their
     /// mma.sync forward images unchecked; the sm90 cases opt in with `sm90`.
     pub path: Option<&'static str>,
@@ -400,8 +400,12 @@ fn run_typed<T: HostElement>(c: &Case, seed: u64) -> Result<Report, String> {
         workspace_bytes: bwd_ws,
     };
     let device = SimDevice::from_env().map_err(|e| format!("backward: {e}"))?;
+    // The case's path for the backward too (sm90: the sm90 backward where it applies).
+    set_env("EXLA_RS_CUDA_PATH", c.path.map(str::to_string));
     // SAFETY: as for the forward.
-    unsafe { exla_rs_cuda::backward(Stream::Target(&device), c.dtype, &s, &c.opts(), &bb) }.map_err(|e| format!("backward: {e}"))?;
+    let r = unsafe { exla_rs_cuda::backward(Stream::Target(&device), c.dtype, &s, &c.opts(), &bb) };
+    set_env("EXLA_RS_CUDA_PATH", None);
+    r.map_err(|e| format!("backward: {e}"))?;
     let [rq, rk, rv, rdb] = host_backward(c, &x, &o_t, &lse_v)?;
     let as_f32 = |a: &DeviceAlloc| from_bytes::<T>(a.as_slice()).iter().map(|v| v.to_f32()).collect::<Vec<f32>>();
     check("dq", &as_f32(&dq), &rq, tol)?;

@@ -163,6 +163,23 @@ fn all_cases() -> Vec<Case> {
             v.push(c);
         }
     }
+    // The sm90 backward (issue 32): two key blocks of 128 (the second ragged), query tiles of 64
+    // over a GQA group of 2 (the Q/dO stage ring wraps), opted in; D = 64 causal with softcap and
+    // ragged kv_len / q_start (a K row past kv_len zeroed), D = 128 a two-sided window.
+    for dt in [ElementType::F16, ElementType::BF16] {
+        for d in [64, 128] {
+            let mut c = Case::new(format!("sm90_bwd_{}_d{d}", dt.name()), dt, shape(2, 130, 140, 4, 2, d));
+            c.path = Some("sm90");
+            if d == 64 {
+                (c.window, c.softcap) = ((-1, 0), 20.0);
+                c.kv_len = Some(vec![133, 70]);
+                c.q_start = Some(vec![5, -3]);
+            } else {
+                c.window = (40, 9);
+            }
+            v.push(c);
+        }
+    }
     // The split-KV forward (issue 34): decode calls (one query row, a GQA group of 2 in one CTA),
     // each (dtype, D) plain with 3 splits (the combine pass) over a ragged causal cache, and with
     // key_mask, bias and ALiBi (the masks-and-terms images) on the launcher's own split count;

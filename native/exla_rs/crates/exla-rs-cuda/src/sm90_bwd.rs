@@ -1,0 +1,187 @@
+//! The Hopper backward (`kernels/sm90/flash_bwd_sm90.cuh`, sm_90a: wgmma for all five products,
+//! TMA loads of K/V and of Q/dO per query tile on an mbarrier ring, a producer warp and two consumer
+//! warpgroups with setmaxnreg): which calls take it, its tiles (the Rust mirror of
+//! `sm90::BwdTraits90<D>`: change both) and the launch. The mma.sync backward's pre pass (delta,
+//! dq_accum zeroed) and convert pass (dq = scale * dq_accum) run around it unchanged.
+//!
+//! Opt-in only: `EXLA_RS_CUDA_PATH=sm90` runs it on compute capability 9.0 for f16/bf16 calls with
+//! D = 64 or 128 and no optional operand (key_mask, bias, ALiBi, dropout, dbias); `auto` and `mma`
+//! keep every backward on mma.sync until it has passed `test/gpu` and the sanitizers on Hopper.
+
+use crate::params::BwdParams;
+use crate::sm90::PathOverride;
+use crate::target::LaunchTarget;
+use crate::tensor_map::{tiled_map_args, TensorMap};
+use exla_rs_attn::{AttnError, AttnShape, ElementType};
+use std::ffi::c_void;
+use std::sync::OnceLock;
+
+/// Head dims with an sm90 backward instantiation (kernels/sm90/generate.py BWD_HEAD_DIMS).
+pub const SM90_BWD_HEAD_DIMS: [usize; 2] = [64, 128];
+
+/// `BwdTraits90<D>`: keys per block, query rows per step, stages, threads.
+pub const BLOCK_N: usize = 128;
+pub const BLOCK_M: usize = 64;
+pub const STAGES: usize = 2;
+pub const THREADS: u32 = 384;
+
+/// `BwdTraits90<D>::kSmemBytes`: K, V, the Q and dO stages, two dS buffers, the lse and delta
+/// stages, the per-key flags, the mbarriers, 1 KiB to align the atoms.
+pub fn bwd_smem_bytes(d: usize) -> u32 {
+    let kv = BLOCK_N * d * 2;
+    let q = BLOCK_M * d * 2;
+    let ds = BLOCK_M * BLOCK_N * 2;
+    let barriers = 2 + 2 * STAGES;
+    (2 * kv + 2 * STAGES * q + 2 * ds + 2 * STAGES * BLOCK_M * 4 + BLOCK_N * 4 + barriers * 8 + 1024) as u32
+}
+
+/// Why the sm90 backward cannot run this call, or Ok.
+pub fn sm90_bwd_supports(cc: (i32, i32), dtype: ElementType, shape: &AttnShape, has_optional_operands: bool) -> Result<(), String> {
+    if cc != (9, 0) {
+        return Err(format!("the sm90 kernels are sm_90a code; this device has compute capability {}.{}", cc.0, cc.1));
+    }
+    if dtype == ElementType::F32 {
+        return Err("the sm90 backward runs f16 and bf16".into());
+    }
+    if !SM90_BWD_HEAD_DIMS.contains(&shape.head_dim) {
+        return Err(format!("the sm90 backward has head dims {SM90_BWD_HEAD_DIMS:?}, not {}", shape.head_dim));
+    }
+    if has_optional_operands {
+        return Err("the sm90 backward runs no optional operand (key_mask, bias, ALiBi, dropout, dbias)".into());
+    }
+    if shape.seq_q == 0 || shape.seq_k == 0 || shape.batch == 0 {
+        return Err("an empty call (no tensor map describes an empty tensor)".into());
+    }
+    let batch_stride = shape.seq_q.max(shape.seq_k) * shape.heads.max(shape.kv_heads) * shape.head_dim * 2;
+    if batch_stride as u64 >= 1 << 40 {
+        return Err(format!("a batch row of {batch_stride} bytes exceeds TMA's 2^40-byte stride limit"));
+    }
+    Ok(())
+}
+
+/// Whether the backward of this call runs on the sm90 kernel: only under `EXLA_RS_CUDA_PATH=sm90`.
+pub fn choose_backward(cc: (i32, i32), dtype: ElementType, shape: &AttnShape, has_optional_operands: bool, setting: PathOverride) -> bool {
+    setting == PathOverride::OptInSm90 && sm90_bwd_supports(cc, dtype, shape, has_optional_operands).is_ok()
+}
+
+/// What `status()` adds about the backward.
+pub fn backward_path_summary(setting: Result<PathOverride, String>) -> String {
+    match setting {
+        Ok(PathOverride::OptInSm90) => "backward: sm90 (wgmma/TMA, EXLA_RS_CUDA_PATH=sm90, not yet verified on Hopper) on compute capability 9.0 \
+                                        for f16/bf16 calls with D = 64 or 128 and no optional operand; mma.sync for every other backward"
+            .into(),
+        _ => "backward: mma.sync (EXLA_RS_CUDA_PATH=sm90 opts in to the sm90 backward at D = 64/128 on compute capability 9.0)".into(),
+    }
+}
+
+fn kernel_name(dtype: ElementType, d: usize) -> (&'static str, &'static str) {
+    static NAMES: OnceLock<Vec<(ElementType, usize, &'static str, &'static str)>> = OnceLock::new();
+    let names = NAMES.get_or_init(|| {
+        let mut v = Vec::new();
+        for dt in [ElementType::F16, ElementType::BF16] {
+            for d in SM90_BWD_HEAD_DIMS {
+                let file: &'static str = Box::leak(format!("sm90_bwd_{}_d{d}", dt.name()).into_boxed_str());
+                let kernel: &'static str = Box::leak(format!("exla_rs_{file}").into_boxed_str());
+                v.push((dt, d, file, kernel));
+            }
+        }
+        v
+    });
+    let &(_, _, file, kernel) = names.iter().find(|(t, e, ..)| *t == dtype && *e == d).expect("checked by sm90_bwd_supports");
+    (file, kernel)
+}
+
+/// Whether this backward call takes the sm90 kernel (the caller then runs the pre pass, [`launch`],
+/// and the convert pass).
+pub fn takes(dev: &dyn LaunchTarget, dtype: ElementType, shape: &AttnShape, has_optional_operands: bool) -> Result<bool, AttnError> {
+    let setting = PathOverride::from_env().map_err(AttnError::invalid)?;
+    if setting != PathOverride::OptInSm90 {
+        return Ok(false);
+    }
+    Ok(choose_backward(dev.compute_capability()?, dtype, shape, has_optional_operands, setting))
+}
+
+/// Launches the sm90 backward's main kernel (between the pre and convert passes).
+///
+/// # Safety
+/// As `launch::backward`: `p` holds device pointers (of `dev`) of the sizes the contract implies,
+/// `p.dq_accum` zeroed by the pre pass.
+pub unsafe fn launch(dev: &dyn LaunchTarget, dtype: ElementType, shape: &AttnShape, p: &BwdParams) -> Result<(), AttnError> {
+    let d = shape.head_dim;
+    let tq = dev.encode_tiled(&tiled_map_args(dtype, p.q as u64, shape.batch, shape.seq_q, shape.heads, d, BLOCK_M))?;
+    let tdo = dev.encode_tiled(&tiled_map_args(dtype, p.d_o as u64, shape.batch, shape.seq_q, shape.heads, d, BLOCK_M))?;
+    let tk = dev.encode_tiled(&tiled_map_args(dtype, p.k as u64, shape.batch, shape.seq_k, shape.kv_heads, d, BLOCK_N))?;
+    let tv = dev.encode_tiled(&tiled_map_args(dtype, p.v as u64, shape.batch, shape.seq_k, shape.kv_heads, d, BLOCK_N))?;
+    let smem = bwd_smem_bytes(d);
+    let (file, kernel) = kernel_name(dtype, d);
+    let f = dev.function(file, kernel, smem)?;
+    let mut args = [
+        p as *const BwdParams as *mut c_void,
+        &tq as *const TensorMap as *mut c_void,
+        &tk as *const TensorMap as *mut c_void,
+        &tv as *const TensorMap as *mut c_void,
+        &tdo as *const TensorMap as *mut c_void,
+    ];
+    let grid = (shape.seq_k.div_ceil(BLOCK_N) as u32, shape.kv_heads as u32, shape.batch as u32);
+    dev.launch(f, kernel, grid, THREADS, smem, &mut args)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shape(d: usize) -> AttnShape {
+        AttnShape { batch: 2, seq_q: 300, seq_k: 517, heads: 8, kv_heads: 2, head_dim: d }
+    }
+    const H100: (i32, i32) = (9, 0);
+
+    #[test]
+    fn only_the_opt_in_takes_the_sm90_backward() {
+        for dt in [ElementType::F16, ElementType::BF16] {
+            for d in SM90_BWD_HEAD_DIMS {
+                assert!(choose_backward(H100, dt, &shape(d), false, PathOverride::OptInSm90), "{dt} d{d}");
+                assert!(!choose_backward(H100, dt, &shape(d), false, PathOverride::Auto));
+                assert!(!choose_backward(H100, dt, &shape(d), false, PathOverride::ForceMma));
+                assert!(!choose_backward(H100, dt, &shape(d), true, PathOverride::OptInSm90));
+                assert!(!choose_backward((8, 0), dt, &shape(d), false, PathOverride::OptInSm90));
+                assert!(!choose_backward(H100, dt, &AttnShape { seq_q: 0, ..shape(d) }, false, PathOverride::OptInSm90));
+            }
+            for d in [32, 96, 256] {
+                assert!(!choose_backward(H100, dt, &shape(d), false, PathOverride::OptInSm90), "{dt} d{d}");
+            }
+        }
+        assert!(!choose_backward(H100, ElementType::F32, &shape(64), false, PathOverride::OptInSm90));
+    }
+
+    #[test]
+    fn smem_mirrors_the_kernel_traits_and_fits_an_h100_block() {
+        assert_eq!(bwd_smem_bytes(128), 2 * 32768 + 4 * 16384 + 2 * 16384 + 4 * 256 + 512 + 6 * 8 + 1024);
+        for d in SM90_BWD_HEAD_DIMS {
+            assert!(bwd_smem_bytes(d) <= 227 * 1024, "d{d}");
+        }
+        let src = crate::embedded::find("sm90_bwd_bf16_d128").unwrap().source;
+        for needle in [
+            "kBlockN = kKeysPerConsumer * kConsumers",
+            "kKeysPerConsumer = 64",
+            "kBlockM = 64",
+            "kStages = 2",
+            "kBarriers = 2 + 2 * kStages",
+            "kSmemBytes = kBarOffset + kBarriers * 8 + 1024",
+            "kKbadOffset = kDeltaOffset + kStages * kBlockM * 4",
+        ] {
+            assert!(src.contains(needle), "BwdTraits90 changed ({needle}): update sm90_bwd.rs");
+        }
+    }
+
+    #[test]
+    fn every_sm90_backward_kernel_is_embedded_in_the_sm90a_set() {
+        for dt in [ElementType::F16, ElementType::BF16] {
+            for d in SM90_BWD_HEAD_DIMS {
+                let (file, kernel) = kernel_name(dt, d);
+                let k = crate::embedded::find(file).unwrap_or_else(|| panic!("{file} not embedded"));
+                assert_eq!(k.set, crate::embedded::KernelSet::Sm90a);
+                assert!(k.source.contains(&format!("{kernel}(")), "{file} does not define {kernel}");
+            }
+        }
+    }
+}
