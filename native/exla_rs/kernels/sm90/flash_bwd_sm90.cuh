@@ -303,22 +303,37 @@ EXLA_RS_SM90 void bwd_consumer(const BwdParams& p, const BwdSweep& sw, const Mas
         pin(dp[e]);
       }
 
-      // P^T and dS^T (without the final scale, applied by the convert pass and to dK).
+      // P^T and dS^T (without the final scale, applied by the convert pass and to dK). A tile
+      // every row of which sees every key of this consumer's slice, without softcap and with the
+      // thread's K rows finite, takes the lean step: no mask test, no softcap, only the lse = -inf
+      // select (a hidden row's dP may be NaN: a select, not a product).
       const bool full = mask.tile_full(m0, m0 + BM, wg_n0, wg_n0 + Tr::kKeysPerConsumer);
+      if (full && !softcap && !kbad[0] && !kbad[1]) {
 #pragma unroll
-      for (int e = 0; e < 32; ++e) {
-        const int kh = (e / 2) % 2;
-        const int ql = 8 * (e / 4) + quad_col + e % 2;
-        const int q = m0 + ql;
-        const float l2 = s_lse[ql];
-        const float sc = softcap ? score(s[e], p.scale, p.softcap, p.softcap_inv) : s[e] * p.scale;
-        const float sv = kbad[kh] ? qnan() : sc;
-        const bool vis = l2 != neg_inf() && (full || (q >= qlo[kh] && q < qhi[kh]));
-        // A key whose K row held an inf/NaN: s = NaN for the rows that see it (the unzeroed product).
-        const float z = kbad[kh] ? qnan() : (softcap ? sc * kLog2e - l2 : fmaf(s[e], scale_log2, -l2));
-        const float pr = vis ? ex2(z) : 0.f;
-        s[e] = pr;
-        dp[e] = vis ? pr * (dp[e] - s_delta[ql]) * softcap_grad(sv, p.softcap, p.softcap_inv) : 0.f;
+        for (int e = 0; e < 32; ++e) {
+          const int ql = 8 * (e / 4) + quad_col + e % 2;
+          const float l2 = s_lse[ql];
+          const bool vis = l2 != neg_inf();
+          const float pr = vis ? ex2(fmaf(s[e], scale_log2, -l2)) : 0.f;
+          s[e] = pr;
+          dp[e] = vis ? pr * (dp[e] - s_delta[ql]) : 0.f;
+        }
+      } else {
+#pragma unroll
+        for (int e = 0; e < 32; ++e) {
+          const int kh = (e / 2) % 2;
+          const int ql = 8 * (e / 4) + quad_col + e % 2;
+          const int q = m0 + ql;
+          const float l2 = s_lse[ql];
+          const float sc = softcap ? score(s[e], p.scale, p.softcap, p.softcap_inv) : s[e] * p.scale;
+          const float sv = kbad[kh] ? qnan() : sc;
+          const bool vis = l2 != neg_inf() && (full || (q >= qlo[kh] && q < qhi[kh]));
+          // A key whose K row held an inf/NaN: s = NaN for the rows that see it (the unzeroed product).
+          const float z = kbad[kh] ? qnan() : (softcap ? sc * kLog2e - l2 : fmaf(s[e], scale_log2, -l2));
+          const float pr = vis ? ex2(z) : 0.f;
+          s[e] = pr;
+          dp[e] = vis ? pr * (dp[e] - s_delta[ql]) * softcap_grad(sv, p.softcap, p.softcap_inv) : 0.f;
+        }
       }
       unsigned pf[kPSteps][4], dsf[kPSteps][4];
 #pragma unroll
