@@ -181,6 +181,7 @@ mod tests {
             ("bwd_f16_d96", (8, 6)),
             ("f32_d32", (8, 0)),
             ("sm90_fwd_bf16_d128", (9, 0)),
+            ("sm90_bwd_f16_d64", (9, 0)),
         ] {
             let k = crate::embedded::find(file).unwrap();
             let cubin = compile(k, cc).unwrap_or_else(|e| panic!("{file}: {e}"));
