@@ -101,7 +101,11 @@ struct BwdTraits90 {
   static constexpr int kSmemBytes = kBarOffset + kBarriers * 8 + 1024;  // + alignment slack
   static constexpr int kReleasers = kConsumers * 4;  // lane 0 of each consumer warp
   static constexpr int kKCheckBarrier = 1;            // named barriers (256 consumer threads)
+  // dS ready: D = 128 reads both consumers' halves of dS (one barrier of 256 threads); D = 64
+  // reads only its own keys' half, so each consumer syncs its own 128 threads (barriers 2, 3) and
+  // the two drift apart, one's elementwise work beside the other's wgmma.
   static constexpr int kDSBarrier = 2;
+  static constexpr bool kDSShared = kDqKeys == kBlockN;
 };
 
 struct BwdBarriers {
@@ -354,8 +358,8 @@ EXLA_RS_SM90 void bwd_consumer(const BwdParams& p, const BwdSweep& sw, const Mas
         wgmma_rs<T, 1>(dk, dsf[kk], smem_desc(q_addr + kk * 16 * kSwizzleRowBytes, BM * kSwizzleRowBytes, kAtomBytes), 1);
       wgmma_commit();
 
-      // dS^T to shared memory as dS [query][key] (buffer t % 2: the other consumer may still read
-      // the previous step's), from the packed fragments (the values dK uses).
+      // dS^T to shared memory as dS [query][key] (buffer t % 2: at D = 128 the other consumer may
+      // still read the previous step's), from the packed fragments (the values dK uses).
       unsigned char* ds_buf = smem + Tr::kDSOffset + (t % 2) * Tr::kDSBytes;
 #pragma unroll
       for (int kk = 0; kk < kPSteps; ++kk)
@@ -369,7 +373,12 @@ EXLA_RS_SM90 void bwd_consumer(const BwdParams& p, const BwdSweep& sw, const Mas
           *reinterpret_cast<Storage*>(ds_buf + swz_offset(ql + 1, key, BM)) = static_cast<Storage>(w >> 16);
         }
       fence_proxy_async_smem();
-      named_sync(Tr::kDSBarrier, 256);
+      if constexpr (Tr::kDSShared)
+        named_sync(Tr::kDSBarrier, 256);
+      else if (consumer == 0)  // constant ids: ptxas then reserves 4 barriers, not all 16
+        named_sync(Tr::kDSBarrier, 128);
+      else
+        named_sync(Tr::kDSBarrier + 1, 128);
 
       // dQ (64 queries x 64 columns) = dS [:, keys] K [keys, cols].
       float dq[32];
