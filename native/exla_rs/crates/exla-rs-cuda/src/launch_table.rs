@@ -1,12 +1,12 @@
 //! Every kernel this crate can launch, with the block size and dynamic shared memory its launch
 //! asks for: the figures `kernels/sass_stats.py` shows beside each image's registers (issue 33
 //! part 3) and checks against each architecture's per-block limit. The figures come from the
-//! launch code itself (`forward_plan`, `backward_plan`, the split-KV plan, the sm90 forward), so
+//! launch code itself (`forward_plan`, `backward_plan`, the split-KV plan, the sm90 forward and backward), so
 //! the table is what a call really asks the driver for, not a second copy of the formulas.
 //! `examples/launch_table.rs` prints it.
 
 use crate::config::{backward_plan, forward_plan, pad_launch, FeatureSet, Launch, HEAD_DIMS};
-use crate::{sm90, split};
+use crate::{sm90, sm90_bwd, split};
 use exla_rs_attn::{AttnShape, ElementType};
 
 /// One kernel's launch figures. `smem` is the largest any of its launches asks for.
@@ -30,6 +30,9 @@ pub fn every_launch() -> Vec<KernelLaunch> {
                 launches.extend(backward_plan(dtype, &s, f, Some(64)));
                 // Two splits: the split kernel and its combine pass.
                 launches.extend(split::plan(dtype, &s, f, 2));
+            }
+            if let Some((file, kernel)) = sm90_bwd::sm90_backward_kernel(dtype, d) {
+                launches.push(Launch { file, kernel, grid: (1, 1, 1), block: sm90_bwd::THREADS, smem: sm90_bwd::bwd_smem_bytes(d) });
             }
             if let Some(kernel) = sm90::sm90_forward_kernel(dtype, d) {
                 let file = kernel.strip_prefix("exla_rs_").expect("sm90 kernels are named exla_rs_<file>");

@@ -91,6 +91,11 @@ fn kernel_name(dtype: ElementType, d: usize) -> (&'static str, &'static str) {
     (file, kernel)
 }
 
+/// The sm90 backward's (file, kernel) for a dtype and head dim (None where there is no instantiation).
+pub fn sm90_backward_kernel(dtype: ElementType, d: usize) -> Option<(&'static str, &'static str)> {
+    (dtype != ElementType::F32 && SM90_BWD_HEAD_DIMS.contains(&d)).then(|| kernel_name(dtype, d))
+}
+
 /// Whether this backward call takes the sm90 kernel (the caller then runs the pre pass, [`launch`],
 /// and the convert pass).
 pub fn takes(dev: &dyn LaunchTarget, dtype: ElementType, shape: &AttnShape, has_optional_operands: bool) -> Result<bool, AttnError> {
