@@ -26,9 +26,6 @@
 
 #include "../common.cuh"
 #include "../extras.cuh"
-// dropout_tile: the mma.sync forward's keep bits of an m16n8 fragment, whose layout the wgmma
-// accumulator shares per 64 keys (nothing else of that file is used here).
-#include "../flash_fwd.cuh"
 #include "hopper.cuh"
 
 namespace exla_rs {
@@ -318,7 +315,6 @@ struct ConsumerView {
   long long q_start;  // q_start[b]: row i's position is q_start + i
   float slope_l2;    // ALiBi: -slope[h] * log2(e)
   bool has_km, has_bias, has_alibi, has_drop;
-  Dropout dr;
 };
 
 // Whether a key of [lo, hi) of row h (0: row0, 1: row1) is hidden by key_mask or a -inf bias (the
@@ -402,6 +398,35 @@ EXLA_RS_SM90 void add_extras(float (&s)[Tr::kBlockN / 2], const FwdParams& p, co
 #pragma unroll
     for (int e = 0; e < Tr::kBlockN / 2; ++e)
       s[e] += cv.slope_l2 * alibi_dist(((e / 2) % 2 ? rel1 : rel0) - ((e / 4) * 8 + (e % 2)));
+  }
+}
+
+// The contract's dropout keep bits of this thread's elements of the tile at n0, as the mma.sync
+// forward draws them (flash_fwd.cuh dropout_tile; extras.cuh's generator): the accumulator's
+// element e of each 64 keys is that kernel's m16n8 fragment (e / 4, e % 4), row row_a + 8 ((e / 2)
+// % 2), key n0 + 8 (e / 4) + 2 (lane % 4) + e % 2, so bit e % 32 of word e / 32 keeps element e.
+// Per pair of n8 tiles the quad's 4 lanes draw one x call each (2 rows x 2 tiles) and a 4 x 4
+// transpose hands every lane its words: one Philox call per 8 elements.
+template <class Tr>
+EXLA_RS_SM90 void dropout_bits(unsigned (&bits)[Tr::kBlockN / 64], const FwdParams& p, const ConsumerView& cv, int n0) {
+  const int tig = cv.lane % 4;
+  // Read per tile (the key from global memory, the threshold from the parameters), not held in
+  // registers through the key loop: at D = 256 the consumers have none to spare.
+  const Dropout dr = Dropout::load(p.x);
+#pragma unroll
+  for (int part = 0; part < Tr::kBlockN / 64; ++part) {
+    const unsigned oct0 = static_cast<unsigned>(n0 + 64 * part) >> 3;
+    unsigned b = 0;
+#pragma unroll 1
+    for (int jp = 0; jp < 4; ++jp) {
+      const Philox4 r = dropout_x(dr.k0, dr.k1, static_cast<unsigned>(cv.batch), static_cast<unsigned>(cv.head),
+                                  static_cast<unsigned>(cv.row_a + 8 * (tig & 1)), oct0 + static_cast<unsigned>(2 * jp + (tig >> 1)));
+      unsigned a[4] = {r.x[0], r.x[1], r.x[2], r.x[3]};
+      transpose4_lanes<1>(a, tig);
+      b |= dr.keep8(a, tig, oct0 + 2 * jp, static_cast<unsigned>(cv.row_a), 8u, static_cast<unsigned>(cv.batch), static_cast<unsigned>(cv.head))
+           << (8 * jp);
+    }
+    bits[part] = b;
   }
 }
 
@@ -522,14 +547,13 @@ EXLA_RS_SM90 void consumer_tile(const FwdParams& p, const ConsumerView& cv, cons
         l_run[h] = l_run[h] * corr[h] + sum;
       }
       // Dropout after the row sums (the softmax is taken first); 1 / (1 - rate) in the epilogue.
-      // The accumulator's element e is flash_fwd.cuh's mma fragment (e / 4, e % 4): row row_a + 8
-      // ((e / 2) % 2), key n0 + 8 (e / 4) + 2 (lane % 4) + e % 2; dropout_tile takes 64 keys.
       if constexpr ((F & kFeatDropout) != 0) {
         if (cv.has_drop) {
+          unsigned drop_bits[BN / 64];
+          dropout_bits<Tr>(drop_bits, p, cv, n0);
 #pragma unroll
-          for (int part = 0; part < BN / 64; ++part)
-            dropout_tile<64>(*reinterpret_cast<float(*)[8][4]>(&s[32 * part]), cv.dr, cv.batch, cv.head, cv.row_a, n0 + 64 * part,
-                             lane % 4);
+          for (int e = 0; e < kSAcc; ++e)
+            if (!((drop_bits[e / 32] >> (e % 32)) & 1u)) s[e] = 0.f;
         }
       }
       if constexpr (kPrev) {
@@ -625,7 +649,6 @@ EXLA_RS_SM90 void fwd_consumer(const FwdParams& p, unsigned char* smem, const Fw
         cv.has_alibi = (F & kFeatMasks) != 0 && p.x.alibi_slopes != nullptr;
         cv.has_drop = (F & kFeatDropout) != 0 && p.x.dropout_key != nullptr;
         cv.slope_l2 = cv.has_alibi ? -p.x.alibi_slopes[w.head] * kLog2e : 0.f;
-        if (cv.has_drop) cv.dr = Dropout::load(p.x);
       }
       consumer_tile<T, Tr, F, false>(p, cv, bar, 0, kv_iter++, prev_stage, prev_phase, prev_n0, o, pf, m_run, l_run);
       for (int i = 1; i < kb.count; ++i, ++kv_iter)

@@ -94,9 +94,15 @@ impl PathOverride {
     }
 }
 
+/// Whether the sm90 forward has an image for this head dim and feature set (kernels/sm90/generate.py
+/// NO_SM90): every set at D = 64 and 128; at D = 256 the plain and masked sets, not dropout.
+pub fn sm90_has_set(head_dim: usize, features: FeatureSet) -> bool {
+    SM90_HEAD_DIMS.contains(&head_dim) && !(head_dim == 256 && features.dropout)
+}
+
 /// Why the sm90 forward cannot run this call, or Ok. Every feature set (key_mask, bias, ALiBi,
-/// dropout) has an instantiation at every sm90 head dim, within the register split and spill-free
-/// (sass_stats.py --check-spills --check-regpool).
+/// dropout) has an instantiation at D = 64 and 128, within the register split and spill-free
+/// (sass_stats.py --check-spills --check-regpool); at D = 256 dropout has none (see the error).
 pub fn sm90_supports(cc: (i32, i32), dtype: ElementType, shape: &AttnShape, features: FeatureSet) -> Result<(), String> {
     if cc != (9, 0) {
         return Err(format!("the sm90 kernels are sm_90a code; this device has compute capability {}.{}", cc.0, cc.1));
@@ -107,7 +113,11 @@ pub fn sm90_supports(cc: (i32, i32), dtype: ElementType, shape: &AttnShape, feat
     if !SM90_HEAD_DIMS.contains(&shape.head_dim) {
         return Err(format!("the sm90 forward has head dims {SM90_HEAD_DIMS:?}, not {}", shape.head_dim));
     }
-    let _ = features;
+    if !sm90_has_set(shape.head_dim, features) {
+        return Err("the sm90 forward has no dropout image at D = 256: the Philox generator does not fit beside S, O and P in its \
+                    consumers' 232 registers (ptxas spilled), so D = 256 calls with dropout run the mma.sync forward"
+            .into());
+    }
     // TMA: every global stride below 2^40 bytes (batch stride is the largest).
     let batch_stride = shape.seq_q.max(shape.seq_k) * shape.heads.max(shape.kv_heads) * shape.head_dim * 2;
     if batch_stride as u64 >= 1 << 40 {
@@ -166,7 +176,8 @@ pub fn forward_path_summary(setting: Result<PathOverride, String>, ccs: &[(i32, 
         Ok(PathOverride::ForceMma) => "mma.sync for every call (EXLA_RS_CUDA_PATH=mma)".into(),
         Ok(PathOverride::OptInSm90) if hopper => "sm90 (wgmma/TMA) on compute capability 9.0 for f16/bf16 forward calls with D = 64, 128 or 256, \
                                                   key_mask/bias/ALiBi/dropout included (EXLA_RS_CUDA_PATH=sm90: verified on Hopper or not); \
-                                                  mma.sync for every other call and every backward"
+                                                  mma.sync for D = 256 with dropout (no sm90 image: its registers), every other call and \
+                                                  every backward"
             .into(),
         Ok(PathOverride::OptInSm90) => format!(
             "mma.sync: EXLA_RS_CUDA_PATH=sm90 opts in to the sm90 forward, which needs compute capability 9.0 (sm_90a code); {}",
@@ -247,7 +258,7 @@ fn kernel_name(dtype: ElementType, d: usize, features: FeatureSet) -> (&'static 
         let mut v = Vec::new();
         for dt in [ElementType::F16, ElementType::BF16] {
             for d in SM90_HEAD_DIMS {
-                for f in FeatureSet::ALL {
+                for f in FeatureSet::ALL.into_iter().filter(|&f| sm90_has_set(d, f)) {
                     let file: &'static str = Box::leak(format!("sm90_fwd_{}_d{d}{}", dt.name(), f.suffix()).into_boxed_str());
                     let kernel: &'static str = Box::leak(format!("exla_rs_{file}").into_boxed_str());
                     v.push((dt, d, f, file, kernel));
@@ -267,7 +278,7 @@ pub fn sm90_forward_kernel(dtype: ElementType, d: usize) -> Option<&'static str>
 
 /// The sm90 forward's kernel for a dtype, head dim and feature set (None where there is none).
 pub fn sm90_forward_kernel_for(dtype: ElementType, d: usize, features: FeatureSet) -> Option<&'static str> {
-    (dtype != ElementType::F32 && SM90_HEAD_DIMS.contains(&d)).then(|| kernel_name(dtype, d, features).1)
+    (dtype != ElementType::F32 && sm90_has_set(d, features)).then(|| kernel_name(dtype, d, features).1)
 }
 
 /// Runs the forward on the sm90 kernels when the choice says so: Ok(true) = launched, Ok(false) =
@@ -372,7 +383,9 @@ mod tests {
         for dt in [ElementType::F16, ElementType::BF16] {
             for d in SM90_HEAD_DIMS {
                 for f in FeatureSet::ALL {
-                    assert_eq!(choose_forward(H100, dt, &shape(d), f, PathOverride::OptInSm90), FwdPath::Sm90, "{dt} d{d} {f:?}");
+                    // D = 256 with dropout has no sm90 image (its registers): mma.sync.
+                    let want = if d == 256 && f.dropout { FwdPath::MmaSync } else { FwdPath::Sm90 };
+                    assert_eq!(choose_forward(H100, dt, &shape(d), f, PathOverride::OptInSm90), want, "{dt} d{d} {f:?}");
                     assert_eq!(choose_forward(H100, dt, &shape(d), f, PathOverride::ForceMma), FwdPath::MmaSync);
                 }
             }
@@ -424,7 +437,10 @@ mod tests {
         }
         for d in SM90_HEAD_DIMS {
             for f in FeatureSet::ALL {
-                assert_eq!(sm90_supports(H100, bf, &shape(d), f), Ok(()), "d{d} {f:?}");
+                match sm90_supports(H100, bf, &shape(d), f) {
+                    Ok(()) => assert!(!(d == 256 && f.dropout), "d{d} {f:?}"),
+                    Err(e) => assert!(d == 256 && f.dropout && e.contains("D = 256") && e.contains("registers"), "d{d} {f:?}: {e}"),
+                }
             }
         }
     }
@@ -450,7 +466,7 @@ mod tests {
         let opted = forward_path_summary(Ok(PathOverride::OptInSm90), &[(8, 0), H100]);
         assert!(opted.starts_with("sm90") && opted.contains("EXLA_RS_CUDA_PATH=sm90") && opted.contains("every backward"), "{opted}");
         assert!(opted.contains("D = 64, 128 or 256") && opted.contains("verified on Hopper or not"), "{opted}");
-        assert!(opted.contains("key_mask/bias/ALiBi/dropout included"), "{opted}");
+        assert!(opted.contains("key_mask/bias/ALiBi/dropout included") && opted.contains("D = 256 with dropout"), "{opted}");
         let ampere = forward_path_summary(Ok(PathOverride::OptInSm90), &[(8, 0)]);
         assert!(ampere.starts_with("mma.sync") && ampere.contains("compute capability 8.0"), "{ampere}");
         assert!(forward_path_summary(Ok(PathOverride::OptInSm90), &[]).contains("no device"));
@@ -536,7 +552,7 @@ mod tests {
     fn every_sm90_kernel_is_embedded_in_the_sm90a_set() {
         for dt in [ElementType::F16, ElementType::BF16] {
             for d in SM90_HEAD_DIMS {
-                for f in FeatureSet::ALL {
+                for f in FeatureSet::ALL.into_iter().filter(|&f| sm90_has_set(d, f)) {
                     let (file, kernel) = kernel_name(dt, d, f);
                     assert_eq!(sm90_forward_kernel_for(dt, d, f), Some(kernel));
                     let k = crate::embedded::find(file).unwrap_or_else(|| panic!("{file} not embedded"));
