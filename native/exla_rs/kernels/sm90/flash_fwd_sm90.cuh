@@ -21,7 +21,8 @@
 // was. In a masked set the consumers add bias and ALiBi to the scores after scale and softcap, hide
 // key_mask's keys (a warp ballot of the tile's mask bytes) with the interval test, drop entries of
 // P after the row sums, and the producer inspects V for non-finite values on every tile some
-// element of which key_mask or a bias (-inf) may hide.
+// element of which key_mask or a bias (-inf) may hide. D = 256 has no dropout set (generate.py
+// NO_SM90: the generator does not fit the consumers' registers there).
 #pragma once
 
 #include "../common.cuh"
@@ -410,8 +411,8 @@ EXLA_RS_SM90 void add_extras(float (&s)[Tr::kBlockN / 2], const FwdParams& p, co
 template <class Tr>
 EXLA_RS_SM90 void dropout_bits(unsigned (&bits)[Tr::kBlockN / 64], const FwdParams& p, const ConsumerView& cv, int n0) {
   const int tig = cv.lane % 4;
-  // Read per tile (the key from global memory, the threshold from the parameters), not held in
-  // registers through the key loop: at D = 256 the consumers have none to spare.
+  // Read per tile (the key from global memory, the threshold from the parameters): no registers
+  // held through the key loop for it.
   const Dropout dr = Dropout::load(p.x);
 #pragma unroll
   for (int part = 0; part < Tr::kBlockN / 64; ++part) {
