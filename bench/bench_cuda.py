@@ -38,6 +38,12 @@ is printed as it is measured; every failure is caught and shown as a string in i
 writes the report with the rows so far and exits (code 3) if one measurement hangs 10 s past the
 deadline (a hung kernel does not answer signals).
 
+--key-mask: the prefill rows as a Bumblebee model calls us: every call carries a key mask (batch row
+b keeps its first lens[b] keys, lens drawn in [S/2, S], the padding of a batch of unequal
+sequences). Ours pass it as key_mask (on Hopper the sm90 forward's mask set with
+EXLA_RS_CUDA_PATH=sm90); jax cuDNN gets the same lengths as key_value_seq_lengths; PyTorch's FLASH
+backend takes no mask and is left out. FLOPs count the full S x S, as for the other rows.
+
 Every run is appended to bench/RESULTS.md (--results) with the GPU, driver, date and versions. The
 bar (issue 13, H100): ours >= 1.0x FA2 forward and backward at D = 64, 128, 256, S >= 1024;
 forward+backward >= 2x XLA's attention at S >= 1024 (where XLA runs); decode >= 2 TB/s (B=8,
@@ -223,8 +229,43 @@ def jax_mem(f, args):
     return (m.temp_size_in_bytes + m.output_size_in_bytes) if m is not None else float("nan")
 
 
-def jax_impls(causal, scale):
+def masked_ours(causal, scale, key_mask):
+    """Ours with a key mask operand, differentiable through our backward (which gets it too)."""
     wl, wr = ex.window(causal)
+    kw = dict(scale=scale, window_left=wl, window_right=wr, platform="cuda", key_mask=key_mask)
+
+    @jax.custom_vjp
+    def f(q, k, v, kv, qs):
+        return ex.flash_attn_fwd(q, k, v, kv, qs, **kw)[0]
+
+    def fwd(q, k, v, kv, qs):
+        o, lse = ex.flash_attn_fwd(q, k, v, kv, qs, **kw)
+        return o, (q, k, v, kv, qs, o, lse)
+
+    def bwd(res, do):
+        q, k, v, kv, qs, o, lse = res
+        dq, dk, dv = ex.flash_attn_bwd(q, k, v, kv, qs, o, lse, do.astype(o.dtype), **kw)
+        zero = lambda x: np.zeros(x.shape, dtype=jax.dtypes.float0)
+        return dq, dk, dv, zero(kv), zero(qs)
+
+    f.defvjp(fwd, bwd)
+    return f
+
+
+def jax_impls(causal, scale, lens=None):
+    """Our attention, jax's cuDNN and XLA attention; with `lens` (--key-mask) each batch row b
+    sees its first lens[b] keys: ours through key_mask, cuDNN through key_value_seq_lengths."""
+    wl, wr = ex.window(causal)
+    if lens is not None:
+        def ours_masked(q, k, v, kv, qs):
+            key_mask = (jnp.arange(k.shape[1])[None, :] < lens[:, None]).astype(jnp.int8)
+            return masked_ours(causal, scale, key_mask)(q, k, v, kv, qs)
+
+        def cudnn_masked(q, k, v, kv, qs):
+            return jax.nn.dot_product_attention(q, k, v, is_causal=causal, scale=scale, key_value_seq_lengths=lens,
+                                                implementation="cudnn")
+
+        return {OURS: ours_masked, JAX_CUDNN: cudnn_masked}
 
     def ours(q, k, v, kv, qs):
         return ex.attention(q, k, v, kv, qs, scale, 0.0, wl, wr, "cuda")
@@ -344,12 +385,14 @@ def bench_decode(run, b, sk, paths, iters, reps):
         run.measure("decode", (b, sk, name), one)
 
 
-def bench_prefill(run, gpu, d, causal, s, paths, iters, reps, with_xla, sm90_dims):
+def bench_prefill(run, gpu, d, causal, s, paths, iters, reps, with_xla, sm90_dims, key_mask=False):
     b = max(1, TOKENS // s)
     scale = 1.0 / np.sqrt(d)
     key = lambda name: (d, causal, s, b, name)
+    with_xla = with_xla and not key_mask
+    with_torch = torch is not None and not key_mask
     names = [PATH_NAMES[p] for p in paths] + [JAX_CUDNN] + ([XLA] if with_xla else []) + \
-        ([FA2, TORCH_CUDNN] if torch is not None else [])
+        ([FA2, TORCH_CUDNN] if with_torch else [])
     if run.past_deadline():  # no inputs to make: every row of this shape is skipped
         for name in names:
             run.measure("prefill", key(name), None)
@@ -360,11 +403,12 @@ def bench_prefill(run, gpu, d, causal, s, paths, iters, reps, with_xla, sm90_dim
         q, k, v, do = mk(b, s, H, d), mk(b, s, H, d), mk(b, s, H, d), mk(b, s, H, d)
         kv = jax.device_put(np.full(b, s, np.int32), gpu)
         qs = jax.device_put(np.zeros(b, np.int32), gpu)
+        lens = jax.device_put(rng.integers(s // 2, s + 1, b).astype(np.int32), gpu) if key_mask else None
     except Exception as e:
         for name in names:
             run.note_row("prefill", key(name), f"inputs: {err(e)}")
         return
-    impls = jax_impls(causal, scale)
+    impls = jax_impls(causal, scale, lens)
     for path in paths:
         if path == "sm90" and d not in sm90_dims:
             run.note_row("prefill", key(OURS_SM90), f"skipped (D={d} not in --sm90-dims)")
@@ -383,7 +427,7 @@ def bench_prefill(run, gpu, d, causal, s, paths, iters, reps, with_xla, sm90_dim
             run.note_row("prefill", key(XLA), f"skipped (S > {XLA_MAX_S})")
         else:
             run.measure("prefill", key(XLA), lambda: bench_jax(impls[XLA], q, k, v, kv, qs, do, iters, reps))
-    if torch is not None:
+    if with_torch:
         for name, backend in ((FA2, "FLASH_ATTENTION"), (TORCH_CUDNN, "CUDNN_ATTENTION")):
             run.measure("prefill", key(name), lambda backend=backend: bench_torch(
                 getattr(SDPBackend, backend), q, k, v, do, causal, scale, iters, reps))
@@ -623,6 +667,7 @@ def main():
     ap.add_argument("--sm90-dims", default="64,128,256", help="head dims at which the sm90 path is timed")
     ap.add_argument("--deadline", type=float, default=None,
                     help="seconds from the start after which rows are skipped (default none; --quick: 110)")
+    ap.add_argument("--key-mask", action="store_true", help="prefill rows with a padding key mask, as Bumblebee calls (module docstring)")
     ap.add_argument("--selftest", action="store_true", help="check the report logic without a GPU")
     a = ap.parse_args()
     if a.selftest:
@@ -645,7 +690,9 @@ def main():
     except Exception as e:  # every row of ours then carries the error
         print("exla_rs: load failed:", err(e), flush=True)
     settings = f"iters {iters}, best of {reps}" + (f", deadline {deadline:.0f} s" if deadline is not None else "") + \
-        ("" if torch is not None else ", PyTorch absent") + ";"
+        ("" if torch is not None else ", PyTorch absent") + \
+        (", every prefill call with a padding key mask (batch row b sees its first lens[b] in [S/2, S] keys; "
+         "jax cuDNN: key_value_seq_lengths; no PyTorch rows)" if a.key_mask else "") + ";"
     meta = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "gpu": gpu.device_kind,
             "versions": versions(), "settings": settings}
     print(f"# {meta['gpu']}; {meta['versions']}; {settings}", flush=True)
@@ -658,7 +705,7 @@ def main():
     for d in dims:
         for causal in (False, True):
             for s in seqs:
-                bench_prefill(run, gpu, d, causal, s, paths, iters, reps, not q, sm90_dims)
+                bench_prefill(run, gpu, d, causal, s, paths, iters, reps, not q, sm90_dims, a.key_mask)
     set_path(None)
     run.finish()
 

@@ -169,13 +169,17 @@ def cpu_vs_pytorch(text):
         groups, ["forward", "forward + backward"], values, "PyTorch time / ours", ref=1.0)
 
 
-def gpu_h100(text):
-    rows = table(text, "## CUDA (H100)")
-    groups = [r["implementation"].replace("PyTorch ", "PyTorch\n").replace("jax ", "jax\n").replace(" (", "\n(") for r in rows]
+def gpu_h200(text):
+    # The last GPU check's benchmark table (bench_cuda.py --quick), one shape of it.
+    rows = table(text, "## GPU check on an NVIDIA H200, 2026-11-28", nth=2)
+    rows = [r for r in rows if (r["D"], r["causal"], r["S"]) == ("128", "False", "4096")]
+    short = {"exla_rs mma.sync (EXLA_RS_CUDA_PATH=mma)": "exla_rs\nmma.sync", "exla_rs sm90 (EXLA_RS_CUDA_PATH=sm90)": "exla_rs\nsm90",
+             "cuDNN (jax)": "jax\ncuDNN", "PyTorch FLASH (FA2)": "PyTorch\nFA2", "PyTorch cuDNN": "PyTorch\ncuDNN"}
+    groups = [short.get(r["implementation"], r["implementation"]) for r in rows]
     values = [[num(r["fwd TFLOP/s"]), num(r["bwd TFLOP/s"])] for r in rows]
     return bars(
-        "GPU: attention throughput on an H100 (higher is better)",
-        "bf16, B=4 S=4096 H=16 D=128; H100 80GB HBM3, 2026-11-23, exla_rs at 4e0194d (bench/RESULTS.md)",
+        "GPU: attention throughput on an H200 (higher is better)",
+        "bf16, B=4 S=4096 H=16 D=128, not causal; H200, 2026-11-28 (bench/RESULTS.md); sm90's backward is the mma.sync one",
         groups, ["forward", "backward"], values, "TFLOP/s")
 
 
@@ -184,7 +188,7 @@ def main():
     text = RESULTS.read_text()
     files = dict(cpu_vs_xla(text))
     files["cpu_vs_pytorch.svg"] = cpu_vs_pytorch(text)
-    files["gpu_h100.svg"] = gpu_h100(text)
+    files["gpu_h200.svg"] = gpu_h200(text)
     stale = []
     for name, svg in files.items():
         path = ASSETS / name

@@ -108,8 +108,13 @@ step "GPU check script on the CPU (a hung test named)" "$EXLA_RS_VENVS/jax-0.10.
 # --check-regpool: every setmaxnreg kernel's producer/consumer split fits its launch register pool
 # (REG x threads from the cubin); one that does not hangs every launch (#32, D = 256 on an H200).
 # --check-loop: the plain sets' key loops (the loop holding the most HMMA) within their
-# instructions and integer ops per HMMA (#33); --loop prints their mix.
-step "CUDA kernels: SASS statistics, no spills, plain set and key loops within budget" "$EXLA_RS_VENVS/jax-0.10.2/bin/python" native/exla_rs/kernels/sass_stats.py --loop --check-spills --check --check-loop --check-regpool
+# instructions and integer ops per HMMA (#33); --loop prints their mix. --smem / --check-smem: each
+# kernel's shared memory (static + what its launch asks for, from exla-rs-cuda's launch_table
+# example, built by the cargo test step) and blocks per SM on the A100, RTX 30xx/40xx/L4 and H100;
+# an image over its GPUs' per-block limit, a built kernel no launch names, or a launched one no
+# fatbin holds fails (#33 part 3).
+step "CUDA kernels: SASS statistics, no spills, plain set and key loops within budget" "$EXLA_RS_VENVS/jax-0.10.2/bin/python" native/exla_rs/kernels/sass_stats.py --loop --check-spills --check --check-loop --check-regpool \
+  --smem --check-smem --launches "$EXLA_RS_ROOT/native/exla_rs/target/gpu_on_cpu/gpusim/examples/launch_table"
 # The CUDA kernels themselves, executed on the CPU with the GPU's semantics (issue 22): test/gpu
 # through real XLA for the mma.sync and the sm90 kernel sets, and the harness that launches every
 # kernel image under ThreadSanitizer and AddressSanitizer (the script prints each part's time).

@@ -61,7 +61,7 @@ defmodule ExlaRs.StatusTest do
     if System.get_env("EXLA_RS_CUDA_PATH") in [nil, "", "auto"] do
       hopper = Enum.any?(cuda.devices, &(&1.compute_capability == {9, 0}))
       assert cuda.forward_path =~ if(hopper, do: "sm90 (wgmma/TMA)", else: "mma.sync (auto)")
-      assert cuda.forward_path =~ "bf16 D=64/128 and f16 D=128"
+      assert cuda.forward_path =~ "bf16 D=128/256 and f16 D=128/256"
       assert cuda.forward_path =~ "EXLA_RS_CUDA_PATH=sm90"
     end
 

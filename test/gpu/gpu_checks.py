@@ -300,6 +300,7 @@ def main():
     ap.add_argument("--bench-deadline", type=float, default=130.0)
     ap.add_argument("--python", default=os.environ.get("PY") or sys.executable)
     ap.add_argument("--tools", default=" ".join(TOOLS), help="compute-sanitizer tools of the sanitize step")
+    ap.add_argument("--sanitize-paths", default="mma sm90", help="kernel paths the sanitize step runs (a window that re-checks only new sm90 kernels: sm90)")
     ap.add_argument("--references", choices=("device", "host", "split"), default="host",
                     help="float64 references in numpy (BLAS einsums; measured 4x faster per test than jitted on the GPU, "
                          "whose per-shape XLA compile dominates), on the GPU, or split (mma: GPU, sm90: numpy) to compare")
@@ -364,6 +365,8 @@ def main():
             step_lines.append(("sanitize", "skipped (GPU-only)" if not gpu else "skipped: compute-sanitizer not on PATH"))
         else:
             for path, pat in (("mma", SANITIZE_MMA), ("sm90", SANITIZE_SM90)):
+                if path not in a.sanitize_paths.split():
+                    continue
                 sel = [i for i in ids if pat.search(i)]
                 for tool in a.tools.split():
                     prefix = ["compute-sanitizer", "--tool", tool, "--kernel-name", "kns=exla_rs", "--print-limit", "20", "--error-exitcode", "99"]

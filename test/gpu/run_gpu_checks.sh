@@ -17,7 +17,8 @@
 #   EXLA_RS_TEST_HANG=SUBSTRING makes the test whose id contains it hang (test/gpu/gpu_watch.py).
 #
 # Options (gpu_checks.py --help): --steps "env tests-mma tests-sm90 nvrtc sanitize bench",
-# --jobs N, --shards N, -k SEL, --test-deadline S, --phase-deadline S, --bench-deadline S, --out DIR.
+# --jobs N, --shards N, -k SEL, --test-deadline S, --phase-deadline S, --bench-deadline S, --out DIR,
+# --tools "memcheck ...", --sanitize-paths "mma sm90" (which kernel paths the sanitizers run).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 platform=cuda

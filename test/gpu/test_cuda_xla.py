@@ -290,8 +290,9 @@ def test_padded_head_dims_take_their_copies_in_the_workspace(d):
 def test_a_padded_call_is_the_next_kernel_dims_call_on_zero_columns(d, dt):
     """The padded path computes exactly what the next kernel head dim computes on inputs padded by
     hand with zero columns (same kernels, same scale): the same bits in the first d columns of o,
-    dq, dk, dv, the same lse. With options (mask, bias with its gradient, ALiBi, GQA, causal,
-    softcap) so the feature-set kernels run padded too."""
+    dk, dv and in lse, and dq and dbias equal up to the order of their atomic f32 sums. With
+    options (mask, bias with its gradient, ALiBi, GQA, causal, softcap) so the feature-set kernels
+    run padded too."""
     skip_unless_sm90_forward(dt, d, optional_operands=True, forward_only_test=False)
     case = capped(Case("pad_vs_native", 2, 70, 90, 4, 2, d, causal=True, softcap=7.0, kv_len="random", q_start="random"))
     x = make(case, DTYPES[dt], seed())
@@ -314,6 +315,17 @@ def test_a_padded_call_is_the_next_kernel_dims_call_on_zero_columns(d, dt):
             assert not w[..., d:].astype(np.float32).any(), f"{name}: the zero columns got values ({ctx})"
             w = w[..., :d]
         assert g.shape == w.shape and g.dtype == w.dtype, name
+        # Sums added into f32 by atomics, in an order the contract leaves open: dbias (the bias
+        # broadcasts over heads here: f32 differed in its last bits on an H200) and the
+        # tensor-core backward's dq (key blocks add into one f32 accumulator). The two calls agree
+        # up to that order's rounding, then one rounding to the result's type; the rest must be
+        # the same bits.
+        if name == "dbias" or (name == "dq" and w.dtype != np.float32):
+            g64, w64 = g.astype(np.float64), w.astype(np.float64)
+            tol = 2 * float(jnp.finfo(w.dtype).eps) * np.abs(w64) + 64 * 2.0**-23 * np.abs(w64).max()
+            bad = ~(np.abs(g64 - w64) <= tol)
+            assert not bad.any(), f"{name} differs from the D={dk_} call beyond the summation order's rounding at {np.argwhere(bad)[:4].tolist()} ({ctx})"
+            continue
         np.testing.assert_array_equal(g.view(np.uint8), w.view(np.uint8), err_msg=f"{name} differs from the D={dk_} call ({ctx})")
 
 

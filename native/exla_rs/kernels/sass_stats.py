@@ -22,6 +22,14 @@ general one with the mask code, it is the lean one, and the general one shows in
 `--loop` prints its instructions, HMMA, LDSM and integer ops and their ratios per HMMA beside the
 whole-kernel counts; `--check-loop` holds the plain sets' key loops to LOOP_BUDGET.
 
+Shared memory and occupancy (issue 33 part 3): `--smem` adds each kernel's block size and shared
+memory (static from -res-usage, dynamic from the launch code itself: `cargo run --example
+launch_table` of exla-rs-cuda prints what every launch asks the driver for) and the blocks one SM
+holds by registers, shared memory and threads: on the A100 (sm_80 images), on the RTX 30xx/40xx and
+L4 (sm_86/89: they run the sm_80 images with 99 KiB of shared memory per block and 100 per SM)
+and on Hopper (sm_90 images). `--check-smem` fails an image that asks for more than its GPUs
+allow per block, a built kernel no launch names, and a launched kernel no fatbin holds.
+
     python3 native/exla_rs/kernels/sass_stats.py                  # newest release build
     python3 native/exla_rs/kernels/sass_stats.py --arch sm_90 --kernel 'bwd_.*_d256'
     python3 native/exla_rs/kernels/sass_stats.py --markdown       # the table bench/RESULTS.md holds
@@ -30,6 +38,7 @@ whole-kernel counts; `--check-loop` holds the plain sets' key loops to LOOP_BUDG
     python3 native/exla_rs/kernels/sass_stats.py --check-regpool  # exit 1 if a setmaxnreg split overdraws (CI)
     python3 native/exla_rs/kernels/sass_stats.py --loop --kernel 'fwd_bf16_d(64|128)$'  # the key loop's mix
     python3 native/exla_rs/kernels/sass_stats.py --check-loop     # exit 1 if a plain key loop grew (CI)
+    python3 native/exla_rs/kernels/sass_stats.py --smem --check-smem  # shared memory, blocks per SM (CI)
     python3 native/exla_rs/kernels/sass_stats.py --dir DIR        # fatbins/cubins elsewhere
 
 cuobjdump and nvdisasm come from NVIDIA's pip wheels (scripts/setup.sh puts them in the cuda
@@ -122,6 +131,63 @@ LOOP_BAR = {("fwd", 64): (6.0, 1.5), ("fwd", 128): (6.0, 1.5), ("bwd", 64): (8.0
 SETMAXNREG = re.compile(r"USETMAXREG\.(DEALLOC|TRY_ALLOC)\S*\s+(?:U?P\w+\s*,\s*)?(0x[0-9a-fA-F]+|\d+)\s*;")
 INSN = re.compile(r"^\s*/\*([0-9a-f]{4,})\*/\s+(@!?U?P[0-9T]\s+)?([A-Z][A-Z0-9_]*)(?:\.[A-Z0-9_.]*)?\b(.*)$")
 BRA_TARGET = re.compile(r"(0x[0-9a-f]+)\s*;")
+
+
+# Per-SM and per-block limits of the GPUs each SASS image runs on (CUDA C Programming Guide,
+# "Technical Specifications per Compute Capability"): (name, registers per SM, shared memory per SM,
+# per block (opt-in), threads per SM, blocks per SM). Each block also takes 1 KiB of shared memory
+# the system reserves. The sm_80 images run on 8.0 (A100) and, unchanged, on 8.6/8.9.
+GPUS = {
+    "sm_80": [("A100", 65536, 164 * 1024, 163 * 1024, 2048, 32), ("sm_86/89", 65536, 100 * 1024, 99 * 1024, 1536, 16)],
+    "sm_90": [("H100", 65536, 228 * 1024, 227 * 1024, 2048, 32)],
+    "sm_90a": [("H100", 65536, 228 * 1024, 227 * 1024, 2048, 32)],
+}
+
+
+def load_launches(path: str | None) -> dict[str, dict]:
+    """{kernel (without exla_rs_): {threads, smem}} from launch_table's output: a file holding it,
+    the built example itself (an executable: CI runs the one `cargo test` built), or by running
+    the example through cargo (the release profile the kernels were built with)."""
+    if path and os.path.isfile(path) and os.access(path, os.X_OK):
+        r = subprocess.run([path], capture_output=True, text=True)
+        if r.returncode != 0:
+            sys.exit(f"sass_stats: {path} failed:\n{r.stderr}")
+        text = r.stdout
+    elif path:
+        text = Path(path).read_text()
+    else:
+        cmd = ["cargo", "run", "--release", "-q", "--manifest-path", str(ROOT / "native/exla_rs/Cargo.toml"),
+               "-p", "exla-rs-cuda", "--example", "launch_table"]
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        if r.returncode != 0:
+            sys.exit(f"sass_stats: {' '.join(cmd)} failed:\n{r.stderr}")
+        text = r.stdout
+    out = {}
+    for line in text.splitlines()[1:]:
+        kernel, threads, smem, _file = line.split("\t")
+        out[kernel.removeprefix("exla_rs_")] = {"threads": int(threads), "smem": int(smem)}
+    if not out:
+        sys.exit("sass_stats: the launch table is empty")
+    return out
+
+
+def occupancy(arch: str, r: dict, launch: dict | None) -> list[tuple[str, int | None, str | None]]:
+    """Per GPU the image runs on: (GPU, blocks per SM, why none fit or None)."""
+    out = []
+    for name, regs_sm, smem_sm, smem_block, threads_sm, blocks_sm in GPUS.get(arch, []):
+        if launch is None or r["regs"] < 0:
+            out.append((name, None, None))
+            continue
+        threads, smem = launch["threads"], launch["smem"] + r["static_smem"]
+        if smem > smem_block:
+            out.append((name, 0, f"{smem} bytes of shared memory per block; {name} allows {smem_block}"))
+            continue
+        # Registers are allocated per warp in units of 256 (8 per thread).
+        by_regs = regs_sm // (((r["regs"] + 7) // 8 * 8) * 32 * ((threads + 31) // 32))
+        by_smem = smem_sm // (smem + 1024)
+        n = min(by_regs, by_smem, threads_sm // threads, blocks_sm)
+        out.append((name, n, None if n else f"{r['regs']} registers x {threads} threads exceed {name}'s {regs_sm}"))
+    return out
 
 
 def find_cuobjdump() -> str:
@@ -323,7 +389,7 @@ def summarize(s: dict) -> dict:
     integer = sum(ops[k] for k in INT_OPS)
     return dict(
         insts=n, hmma=hmma, hgmma=ops["HGMMA"], utma=sum(v for k, v in ops.items() if k.startswith("UTMA")), ldsm=ops["LDSM"], int=integer, ldl=ops["LDL"], stl=ops["STL"],
-        regs=s.get("regs", -1), stack=s.get("stack", -1),
+        regs=s.get("regs", -1), stack=s.get("stack", -1), static_smem=s.get("static_smem", 0),
         int_per_hmma=(integer / hmma) if hmma else None, ldsm_per_hmma=(ops["LDSM"] / hmma) if hmma else None,
         regpool=regpool(s), loop=key_loop(s.get("insns", [])),
     )
@@ -378,6 +444,45 @@ def check_loop_budget(rows) -> tuple[list[str], int]:
     return over, checked
 
 
+def smem_report(rows, launches: dict[str, dict], a) -> int:
+    """The --smem table and the --check-smem verdicts; returns 1 on a failed check."""
+    problems = []
+    if a.smem:
+        print("# shared memory (static + the launch's dynamic, bytes) and blocks per SM, limited by registers, shared memory, threads")
+        if a.markdown:
+            print("| arch | kernel | threads | regs | smem | blocks per SM |")
+            print("| --- | --- | --- | --- | --- | --- |")
+        else:
+            print(f"{'arch':7} {'kernel':24} {'threads':>7} {'regs':>4} {'smem':>7}  blocks per SM")
+    for arch, fn, r in rows:
+        launch = launches.get(fn)
+        occ = occupancy(arch, r, launch)
+        for gpu, _, why in occ:
+            if why:
+                problems.append(f"{arch} {fn} cannot launch on {gpu}: {why}")
+        if launch is None:
+            problems.append(f"{arch} {fn}: built, but no launch names it (launch_table)")
+        if a.smem:
+            threads = launch["threads"] if launch else "-"
+            smem = launch["smem"] + r["static_smem"] if launch else "-"
+            per_gpu = ", ".join(f"{g} {'-' if n is None else n}" for g, n, _ in occ)
+            if a.markdown:
+                print(f"| {arch} | {fn} | {threads} | {r['regs']} | {smem} | {per_gpu} |")
+            else:
+                print(f"{arch:7} {fn:24} {threads:>7} {r['regs']:4} {smem:>7}  {per_gpu}")
+    # Only a full listing can tell a launched kernel that no fatbin holds.
+    if not a.arch and not a.kernel:
+        built = {fn for _, fn, _ in rows}
+        problems += [f"{k}: launched (launch_table) but in no fatbin" for k in sorted(launches) if k not in built]
+    if a.check_smem:
+        for p in problems:
+            print(f"SHARED MEMORY / LAUNCH: {p}", file=sys.stderr)
+        print(f"# shared memory: {len(rows)} kernel images checked against their GPUs' per-block limits, "
+              f"{len(problems)} problem(s)", file=sys.stderr)
+        return 1 if problems else 0
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dir", type=Path, help="directory of *.fatbin / *.cubin (default: newest build)")
@@ -393,7 +498,13 @@ def main() -> int:
                     help="exit 1 if a plain-set kernel's key loop exceeds its instructions or integer ops per HMMA (LOOP_BUDGET)")
     ap.add_argument("--check-regpool", action="store_true",
                     help="exit 1 if a setmaxnreg kernel's producer/consumer split needs more registers than its launch pool")
+    ap.add_argument("--smem", action="store_true",
+                    help="add threads, shared memory (static + the launch's dynamic) and blocks per SM per GPU")
+    ap.add_argument("--check-smem", action="store_true",
+                    help="exit 1 if an image needs more shared memory per block than its GPUs allow, or a kernel is built but never launched (or launched but not built)")
+    ap.add_argument("--launches", help="launch_table's output (a file), or the built example to run (default: cargo run --example launch_table)")
     a = ap.parse_args()
+    launches = load_launches(a.launches) if (a.smem or a.check_smem) else {}
     tool = find_cuobjdump()
     d = a.dir or default_dir()
     files = sorted(glob.glob(str(d / "*.fatbin")) + glob.glob(str(d / "*.cubin")))
@@ -442,6 +553,8 @@ def main() -> int:
     # An sm90 kernel without wgmma or TMA in its SASS has fallen off the Hopper path.
     off_path = [(arch, fn, r) for arch, fn, r in rows if fn.startswith("sm90_") and not (r["hgmma"] and r["utma"])]
     rc = 0
+    if a.smem or a.check_smem:
+        rc |= smem_report(rows, launches, a)
     if a.check_regpool:
         pools = [(arch, fn, r["regpool"]) for arch, fn, r in rows if r["regpool"]]
         print("# register pools of the setmaxnreg kernels: need = 128 x producer + (threads - 128) x consumer <= pool = REG x threads")

@@ -16,6 +16,7 @@ mod config;
 mod driver;
 pub mod embedded;
 mod launch;
+mod launch_table;
 mod modules;
 mod nvrtc;
 mod params;
@@ -35,6 +36,7 @@ pub use stream::Stream;
 pub use target::{check_min_arch, check_smem, KernelHandle, LaunchTarget};
 pub use tensor_map::{TensorMap, TiledMapArgs};
 pub use launch::{backward, forward};
+pub use launch_table::{every_launch, KernelLaunch};
 pub use params::{bias_strides, extra_params, ExtraParams};
 pub use sm90::{forward_path_summary, sm90_forward_kernel, sm90_forward_kernel_for, PathOverride, AUTO_SM90_VERIFIED, AUTO_SM90_VERIFIED_SETS, SM90_HEAD_DIMS};
 
