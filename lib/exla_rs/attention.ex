@@ -82,7 +82,8 @@ defmodule ExlaRs.Attention do
     clients run every option in their native kernels (on Hopper the sm_90a forward
     takes the f16/bf16 D = 128/256 calls without optional operands, verified
     there, and with `EXLA_RS_CUDA_PATH=sm90` the D = 64 ones too, where the
-    mma.sync forward measured faster; other calls run the mma.sync forward;
+    mma.sync forward measured faster, and the calls with key mask, bias, ALiBi
+    or dropout (but dropout at D = 256); other calls run the mma.sync forward;
     `ExlaRs.status/0` says which runs). Every head dim from 1 to 256 runs in the
     native kernels on both: CUDA runs 32, 64, 96, 128, 192 and 256 natively and
     any other (Stable Diffusion's 40/80/160, Phi-2's 80, ...) on the next of them

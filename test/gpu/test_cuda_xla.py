@@ -56,9 +56,10 @@ MAX_SEQ = int(os.environ.get("EXLA_RS_GPUSIM_MAX_SEQ", "0"))
 
 
 # The cuda-on-cpu run of the sm90 kernel set (EXLA_RS_CUDA_PATH=sm90): a test whose calls never
-# reach the sm90 forward (f32, head dims without an sm90 instantiation, optional operands, tests
-# of the backward alone) runs exactly the kernels of the default run, so it is skipped there to
-# keep CI within its time; on a GPU every test runs under every setting.
+# reach the sm90 forward (f32, head dims without an sm90 instantiation, tests of the backward
+# alone) runs exactly the kernels of the default run, so it is skipped there to keep CI within its
+# time; on a GPU every test runs under every setting. Calls with optional operands (key_mask, bias,
+# ALiBi, dropout) reach the sm90 forward's feature sets (issue 32, part 3): those tests run.
 SM90_CPU_RUN = PLATFORM == "cuda-on-cpu" and os.environ.get("EXLA_RS_CUDA_PATH", "").strip() == "sm90"
 SM90_DIMS = (64, 128, 256)
 
@@ -66,14 +67,24 @@ SM90_DIMS = (64, 128, 256)
 SM90_BWD_DIMS = (64, 128)  # sm90_bwd.rs SM90_BWD_HEAD_DIMS
 
 
-def skip_unless_sm90_forward(dt: str, d: int, optional_operands: bool = False, forward_only_test: bool = True,
+def dt_name(dt) -> str:
+    """"f32" / "f16" / "bf16" for a dtype name or a numpy / jax type."""
+    if isinstance(dt, str):
+        return dt
+    return {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}[np.dtype(dt).name]
+
+
+def skip_unless_sm90_forward(dt, d: int, optional_operands: bool = False, forward_only_test: bool = True, dropout: bool = False,
                              sm90_backward_d: int | None = None):
-    """In the sm90 cuda-on-cpu run, skips a test that cannot reach the sm90 forward (a padded head
-    dim reaches it when its kernel head dim is an sm90 one: 40 runs on 64). `sm90_backward_d`: the
+    """In the sm90 cuda-on-cpu run, skips a test that cannot reach the sm90 kernels (a padded head
+    dim reaches them when its kernel head dim is an sm90 one: 40 runs on 64). The sm90 forward has
+    every feature set, but dropout at D = 256 (sm90.rs sm90_has_set: its calls run the mma.sync
+    forward), so `optional_operands` alone no longer skips a forward test. `sm90_backward_d`: the
     head dim of the test's backward calls; the test is kept when they reach the sm90 backward."""
-    if SM90_CPU_RUN and sm90_backward_d is not None and reaches_sm90_backward(dt, sm90_backward_d, optional_operands):
+    if SM90_CPU_RUN and sm90_backward_d is not None and reaches_sm90_backward(dt_name(dt), sm90_backward_d, optional_operands):
         return
-    if SM90_CPU_RUN and (dt == "f32" or ex.kernel_head_dim(d) not in SM90_DIMS or optional_operands or not forward_only_test):
+    kd = ex.kernel_head_dim(d)
+    if SM90_CPU_RUN and (dt_name(dt) == "f32" or kd not in SM90_DIMS or not forward_only_test or (dropout and kd == 256)):
         pytest.skip("sm90 cuda-on-cpu run: these calls run the mma.sync/SIMT kernels the default run checks")
 
 
@@ -92,6 +103,23 @@ def assert_sm90_backward_ran(dt: str, d: int, before: int):
     """In the sm90 cuda-on-cpu run, proves the backward this test checked ran on the sm90 kernel."""
     if SM90_CPU_RUN and reaches_sm90_backward(dt, d):
         assert sm90_backward_launches(dt, d) > before, f"the sm90 backward (dt {dt}, d {d}) did not run"
+
+
+def sm90_forward(fn, suffix: str):
+    """fn() (a forward call) run to completion; in the sm90 cuda-on-cpu run also the proof of the
+    path it took: the sm90 image of feature set `suffix` ("", "_mask", "_drop", "_mask_drop"), or
+    for a decode-sized call the split-KV kernels, which take such calls first on every path."""
+    if not SM90_CPU_RUN:
+        return fn()
+    import re
+
+    before = dict(ex.gpusim_launch_counts())
+    out = jax.block_until_ready(fn())
+    after = ex.gpusim_launch_counts()
+    ran = {n for n in after if after[n] != before.get(n, 0)}
+    want = re.compile(rf"exla_rs_sm90_fwd_b?f16_d\d+{suffix}$")
+    assert any(want.match(n) for n in ran) or any("_fwd_split_" in n for n in ran), f"not the sm90 forward's {suffix or 'plain'} set: ran {sorted(ran)}"
+    return out
 
 
 def capped(c: Case) -> Case:
@@ -614,7 +642,7 @@ def test_extras_forward_and_backward_match_float64(case, extra, dt):
         expect_unimplemented(lambda: ex.flash_attn_fwd(q, k, v, kv, qs, platform=PLATFORM, **x.kw, **gext), missing)
         return
     poison((x.q.shape, x.q.dtype), ((case.b, case.h, case.sq), np.float32))
-    o, lse = ex.flash_attn_fwd(q, k, v, kv, qs, platform=PLATFORM, **x.kw, **gext)
+    o, lse = sm90_forward(lambda: ex.flash_attn_fwd(q, k, v, kv, qs, platform=PLATFORM, **x.kw, **gext), "_mask")
     ref_o, ref_lse = ex.reference_fwd(x.q, x.k, x.v, x.kv_len, x.q_start, **x.kw, **ext)
     masked = check_forward(x, dt, o, lse, ref_o, ref_lse, ctx)
     if extra.key_mask == "all_masked" or extra.bias_neg_inf:
@@ -672,7 +700,7 @@ def test_key_mask_tile_gaps_and_nonfinite_values_at_hidden_keys(d, dt):
     def run(k, v):
         q, k, v, kv, qs, do = on_gpu(x.q, k, v, x.kv_len, x.q_start, x.do)
         poison((x.q.shape, x.q.dtype), ((b, h, sq), np.float32))
-        o, lse = ex.flash_attn_fwd(q, k, v, kv, qs, platform=PLATFORM, **x.kw, **gext)
+        o, lse = sm90_forward(lambda: ex.flash_attn_fwd(q, k, v, kv, qs, platform=PLATFORM, **x.kw, **gext), "_mask")
         poison((x.q.shape, x.q.dtype), (x.k.shape, x.k.dtype), (x.v.shape, x.v.dtype), (bias.shape, ext["bias"].dtype))
         grads = ex.flash_attn_bwd(q, k, v, kv, qs, o, lse, do, platform=PLATFORM, **x.kw, **gext, bias_grad=True)
         return [o, lse, *grads]
@@ -720,7 +748,7 @@ def observed_dropout_mask(dt, key, rate, b, s, h, hkv):
     kv, qs = np.full((b,), s, np.int32), np.zeros((b,), np.int32)
     poison(((b, s, h, s), dt), ((b, h, s), np.float32))
     gq, gk, gv, gkv, gqs, gkey = on_gpu(q, k, v, kv, qs, np.asarray(key, np.uint32))
-    o, lse = ex.flash_attn_fwd(gq, gk, gv, gkv, gqs, scale=1.0, platform=PLATFORM, dropout_key=gkey, dropout_rate=rate)
+    o, lse = sm90_forward(lambda: ex.flash_attn_fwd(gq, gk, gv, gkv, gqs, scale=1.0, platform=PLATFORM, dropout_key=gkey, dropout_rate=rate), "_drop")
     np.testing.assert_allclose(np.asarray(lse), np.log(s), rtol=1e-6)
     return np.asarray(o, np.float64).transpose(0, 2, 1, 3) * s
 
@@ -729,7 +757,7 @@ def observed_dropout_mask(dt, key, rate, b, s, h, hkv):
 @pytest.mark.parametrize("rate", [0.1, 0.5, 0.9])
 @pytest.mark.parametrize("s", [64, 128])
 def test_dropout_mask_is_bit_identical_to_the_reference(s, rate, dt):
-    skip_unless_sm90_forward("", s, optional_operands=True)
+    skip_unless_sm90_forward(dt, s, optional_operands=True, dropout=True)
     if missing_features(["dropout"]):
         pytest.skip("this platform does not report the dropout feature")
     key = (0x243F6A88, 0x85A308D3)
@@ -784,7 +812,7 @@ def test_dropout_ties_are_decided_by_the_lower_half(dt):
     dropped) and the mask both kernels apply must be the contract's bit for bit: the forward's
     as o (q = 0, V the identity over keys), the backward's as dV (dO the identity over queries:
     dV[b, j, h, i] = M[b, h, i, j] * scale / Sk)."""
-    skip_unless_sm90_forward("", 64, optional_operands=True)
+    skip_unless_sm90_forward(dt, 64, optional_operands=True, dropout=True)
     if missing_features(["dropout"]):
         pytest.skip("this platform does not report the dropout feature")
     key = (0x9E3779B9, 0x7F4A7C15)
@@ -829,7 +857,7 @@ DROPOUT_PARAMS += [pytest.param("everything", d, dt, id=f"everything-padded-{d}-
 
 @pytest.mark.parametrize("name,d,dt", DROPOUT_PARAMS)
 def test_dropout_forward_backward_match_float64(name, d, dt):
-    skip_unless_sm90_forward("", d, optional_operands=True)
+    skip_unless_sm90_forward(dt, d, optional_operands=True, dropout=True)
     """Forward and backward with dropout (and the other options) against a float64 reference that
     applies philox_ref's mask; the mask of the kernels is the reference's (bit identity above)."""
     need = ["dropout"] + [f for f in ("key_mask", "bias", "alibi_slopes") if DROPOUT_CONFIGS[name].get(f.split("_slopes")[0])]
@@ -852,7 +880,8 @@ def test_dropout_forward_backward_match_float64(name, d, dt):
     ext = {n: x for n, x in (("key_mask", km), ("bias", bias), ("alibi_slopes", slopes)) if x is not None}
     g = on_gpu(q, k, v, kv, qs, do, key)
     gext = on_gpu_dict(ext)
-    o, lse = ex.flash_attn_fwd(*g[:5], platform=PLATFORM, **opt, **gext, dropout_key=g[6], dropout_rate=rate)
+    o, lse = sm90_forward(lambda: ex.flash_attn_fwd(*g[:5], platform=PLATFORM, **opt, **gext, dropout_key=g[6], dropout_rate=rate),
+                          "_mask_drop" if ext else "_drop")
     grads = ex.flash_attn_bwd(*g[:5], o, lse, g[5], platform=PLATFORM, **opt, **gext, bias_grad=bias is not None, dropout_key=g[6], dropout_rate=rate)
     ms = philox_ref.mask(tuple(int(x) for x in key), rate, (b, h, sq, sk)) * float(philox_ref.keep_scale(rate))
     want = dropout_reference(q, k, v, kv, qs, do, ms, scale=opt["scale"], softcap=opt["softcap"], wl=opt["window_left"], wr=opt["window_right"],
@@ -1094,8 +1123,10 @@ def test_every_kernel_was_launched():
         ran = set(ex.gpusim_launch_counts())
     sm90 = kernels_defined("sm90/inst")
     if SM90_CPU_RUN:
-        # The tests this run keeps (above) reach every sm90 forward and backward instantiation.
-        assert len(sm90) == 10, sm90
+        # The tests this run keeps (above) reach every sm90 instantiation: the forward's 2 dtypes x
+        # (3 head dims x plain, _mask + 2 head dims x _drop, _mask_drop: D = 256 has no dropout
+        # image) and the backward's 2 dtypes x D = 64, 128.
+        assert len(sm90) == 24, sm90
         assert not sm90 - ran, f"never launched with EXLA_RS_CUDA_PATH=sm90: {sorted(sm90 - ran)}"
         return
     want = kernels_defined("inst")

@@ -14,11 +14,19 @@
 //     Each consumer issues the next S product and the previous P V product together, inside its
 //     turn (a named-barrier ping-pong), then does its softmax while the other consumer's products
 //     run.
-// Semantics are the contract's (docs/flash-attention-contract.md) without the optional operands:
-// the launcher (src/sm90.rs) keeps calls with key_mask / bias / ALiBi / dropout on mma.sync.
+// Semantics are the contract's (docs/flash-attention-contract.md). The optional operands come in
+// the mma.sync kernels' compile-time feature sets (F, extras.cuh: kFeatMasks = key_mask, bias,
+// ALiBi; kFeatDropout = dropout, the same Philox bits as every backend), one instantiation per set
+// (generate.py); a clear bit compiles its feature out, so the plain set (F = 0) is the kernel it
+// was. In a masked set the consumers add bias and ALiBi to the scores after scale and softcap, hide
+// key_mask's keys (a warp ballot of the tile's mask bytes) with the interval test, drop entries of
+// P after the row sums, and the producer inspects V for non-finite values on every tile some
+// element of which key_mask or a bias (-inf) may hide. D = 256 has no dropout set (generate.py
+// NO_SM90: the generator does not fit the consumers' registers there).
 #pragma once
 
 #include "../common.cuh"
+#include "../extras.cuh"
 #include "hopper.cuh"
 
 namespace exla_rs {
@@ -171,7 +179,20 @@ EXLA_RS_SM90 u64 v_desc(unsigned v_stage_addr, int kk) {
 
 // ---------------------------------------------------------------------------------------------
 
-template <class T, class Tr>
+// Whether every key of the tile [n0, n0 + BN) that key_mask covers is visible (keys >= seq_k arrive
+// as zeros and need no inspection): one warp, one ballot per 32 keys.
+template <class Tr>
+EXLA_RS_SM90 bool key_mask_tile_all_visible(const ExtraParams& x, long long mask_row, int n0, int seq_k, int lane) {
+  bool all = true;
+#pragma unroll 1
+  for (int k = 0; k < Tr::kBlockN / 32; ++k) {
+    const int key = n0 + 32 * k + lane;
+    all &= __all_sync(0xffffffffu, key >= seq_k || key_mask_visible(x.key_mask, x.key_mask_bytes, mask_row + key));
+  }
+  return all;
+}
+
+template <class T, class Tr, int F>
 EXLA_RS_SM90 void fwd_producer(const FwdParams& p, const TensorMap* tq, const TensorMap* tk, const TensorMap* tv,
                                unsigned char* smem, const FwdBarriers& bar) {
   const int lane = threadIdx.x % 32;
@@ -216,7 +237,15 @@ EXLA_RS_SM90 void fwd_producer(const FwdParams& p, const TensorMap* tq, const Te
       // A tile every row of the block sees whole needs no inspection: non-finite values reach
       // exactly the rows that see them.
       const bool straddles = !(n0 >= lo_last && n0 + Tr::kBlockN <= hi_first);
-      const bool inspect = pad || straddles;
+      bool inspect = pad || straddles;
+      // Masked sets: a bias may hide any element (-inf), key_mask any key: their V is inspected
+      // too (a tile key_mask shows whole needs it no more than the plain set does).
+      if constexpr ((F & kFeatMasks) != 0) {
+        if (p.x.bias != nullptr)
+          inspect = true;
+        else if (p.x.key_mask != nullptr && !inspect)
+          inspect = !key_mask_tile_all_visible<Tr>(p.x, static_cast<long long>(w.batch) * p.seq_k, n0, p.seq_k, lane);
+      }
       Poison* ps = poison_of<Tr>(smem, stage);
       if (lane == 0) {
         mbar_wait(bar.k_empty + stage, phase ^ 1);
@@ -271,35 +300,6 @@ EXLA_RS_SM90 void fwd_producer(const FwdParams& p, const TensorMap* tq, const Te
   }
 }
 
-// Marks NaN the output columns of this thread's rows that see a non-finite V value the producer
-// zeroed in the tile starting at key n0 (before that tile's P V; O is not in flight then).
-template <class Tr>
-EXLA_RS_SM90 void mark_poisoned(const Poison* ps, int n0, int lo0, int hi0, int lo1, int hi1, int quad_col,
-                                float (&o)[Tr::kHeadDim / 2]) {
-  const int count = ps->count;
-  if (count == 0) return;
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int a = (h ? lo1 : lo0) - n0, b = (h ? hi1 : hi0) - n0;
-    if (count > Tr::kMaxPoison) {  // too many to list: every column of a row seeing a flagged key
-      bool sees = false;
-      for (int r = imax(a, 0); r < imin(b, Tr::kBlockN); ++r) sees |= (ps->keys[r / 32] >> (r % 32)) & 1u;
-      if (sees)
-#pragma unroll
-        for (int e = 0; e < Tr::kHeadDim / 2; ++e)
-          if ((e / 2) % 2 == h) o[e] = qnan();
-      continue;
-    }
-    for (int k = 0; k < count; ++k) {
-      const int r = static_cast<int>(ps->entry[k] >> 16), col = static_cast<int>(ps->entry[k] & 0xffffu);
-      if (r < a || r >= b) continue;
-#pragma unroll
-      for (int e = 0; e < Tr::kHeadDim / 2; ++e)
-        if ((e / 2) % 2 == h && (e / 4) * 8 + quad_col + (e % 2) == col) o[e] = qnan();
-    }
-  }
-}
-
 // What a consumer's key-tile step reads, fixed for one work tile.
 struct ConsumerView {
   unsigned q_addr, k_addr, v_addr;
@@ -309,14 +309,134 @@ struct ConsumerView {
   int wg_lo_max, wg_hi_min, lo0, hi0, lo1, hi1;
   int first, count;
   unsigned char* smem;
+  // The optional features (masked / dropout sets; unused and compiled out in the plain set).
+  int batch, head, kv;
+  int row0, row1;    // this thread's two rows (clamped to Sq: rows past it are never stored)
+  int row_a;         // the unclamped first row (dropout's counter rows are row_a and row_a + 8)
+  long long q_start;  // q_start[b]: row i's position is q_start + i
+  float slope_l2;    // ALiBi: -slope[h] * log2(e)
+  bool has_km, has_bias, has_alibi, has_drop;
 };
+
+// Whether a key of [lo, hi) of row h (0: row0, 1: row1) is hidden by key_mask or a -inf bias (the
+// rare non-finite-V path; the element's key is below kv_len, so the reads are in bounds).
+template <int F>
+EXLA_RS_SM90 bool hidden_by_extras(const FwdParams& p, const ConsumerView& cv, int h, int key) {
+  if constexpr ((F & kFeatMasks) == 0) {
+    return false;
+  } else {
+    const ExtraParams& x = p.x;
+    if (cv.has_km && !key_mask_visible(x.key_mask, x.key_mask_bytes, static_cast<long long>(cv.batch) * p.seq_k + key)) return true;
+    return cv.has_bias && bias_load(x.bias, x.bias_dtype, bias_offset(x, cv.batch, cv.head, h ? cv.row1 : cv.row0, key)) == neg_inf();
+  }
+}
+
+// Marks NaN the output columns of this thread's rows that see a non-finite V value the producer
+// zeroed in the tile starting at key n0 (before that tile's P V; O is not in flight then).
+// Masked sets: a key that key_mask or a -inf bias hides from the row does not count.
+template <class Tr, int F>
+EXLA_RS_SM90 void mark_poisoned(const Poison* ps, int n0, int lo0, int hi0, int lo1, int hi1, int quad_col,
+                                float (&o)[Tr::kHeadDim / 2], const FwdParams& p, const ConsumerView& cv) {
+  const int count = ps->count;
+  if (count == 0) return;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int a = (h ? lo1 : lo0) - n0, b = (h ? hi1 : hi0) - n0;
+    if (count > Tr::kMaxPoison) {  // too many to list: every column of a row seeing a flagged key
+      bool sees = false;
+      for (int r = imax(a, 0); r < imin(b, Tr::kBlockN); ++r) {
+        if constexpr ((F & kFeatMasks) == 0)
+          sees |= (ps->keys[r / 32] >> (r % 32)) & 1u;
+        else
+          sees |= ((ps->keys[r / 32] >> (r % 32)) & 1u) && !hidden_by_extras<F>(p, cv, h, n0 + r);
+      }
+      if (sees)
+#pragma unroll
+        for (int e = 0; e < Tr::kHeadDim / 2; ++e)
+          if ((e / 2) % 2 == h) o[e] = qnan();
+      continue;
+    }
+    for (int k = 0; k < count; ++k) {
+      const int r = static_cast<int>(ps->entry[k] >> 16), col = static_cast<int>(ps->entry[k] & 0xffffu);
+      if (r < a || r >= b || hidden_by_extras<F>(p, cv, h, n0 + r)) continue;
+#pragma unroll
+      for (int e = 0; e < Tr::kHeadDim / 2; ++e)
+        if ((e / 2) % 2 == h && (e / 4) * 8 + quad_col + (e % 2) == col) o[e] = qnan();
+    }
+  }
+}
+
+// z += (bias + ALiBi) * log2(e) on this thread's scores of the tile at n0 (exp2 domain, after scale
+// and softcap). Element e is row (e / 2) % 2 (row0 / row1), key n0 + 8 (e / 4) + quad_col + e % 2;
+// keys at or past kv_len are hidden (and may lie past Sk): their bias is not read.
+template <class Tr, class BT>
+EXLA_RS_SM90 void add_bias_tile_sm90(float (&s)[Tr::kBlockN / 2], const FwdParams& p, const ConsumerView& cv, int n0) {
+  const ExtraParams& x = p.x;
+  const int k_lim = cv.kv - n0 - cv.quad_col;  // element offsets below this are readable keys
+  const long long base0 = bias_offset(x, cv.batch, cv.head, cv.row0, n0 + cv.quad_col);
+  const long long base1 = bias_offset(x, cv.batch, cv.head, cv.row1, n0 + cv.quad_col);
+#pragma unroll
+  for (int e = 0; e < Tr::kBlockN / 2; ++e) {
+    const int c = (e / 4) * 8 + (e % 2);
+    if (c < k_lim) s[e] += BT::load(x.bias, ((e / 2) % 2 ? base1 : base0) + c * x.bias_stride_k) * kLog2e;
+  }
+}
+
+template <class Tr>
+EXLA_RS_SM90 void add_extras(float (&s)[Tr::kBlockN / 2], const FwdParams& p, const ConsumerView& cv, int n0) {
+  if (cv.has_bias) {  // one loop per dtype, no per-element switch
+    if (p.x.bias_dtype == 0)
+      add_bias_tile_sm90<Tr, BiasF32>(s, p, cv, n0);
+    else if (p.x.bias_dtype == 1)
+      add_bias_tile_sm90<Tr, BiasF16>(s, p, cv, n0);
+    else
+      add_bias_tile_sm90<Tr, BiasBF16>(s, p, cv, n0);
+  }
+  if (cv.has_alibi) {
+    // Distance of each row to the thread's first key of the tile; elements differ by constants.
+    const int rel0 = alibi_rel(cv.q_start + cv.row0, n0 + cv.quad_col);
+    const int rel1 = alibi_rel(cv.q_start + cv.row1, n0 + cv.quad_col);
+#pragma unroll
+    for (int e = 0; e < Tr::kBlockN / 2; ++e)
+      s[e] += cv.slope_l2 * alibi_dist(((e / 2) % 2 ? rel1 : rel0) - ((e / 4) * 8 + (e % 2)));
+  }
+}
+
+// The contract's dropout keep bits of this thread's elements of the tile at n0, as the mma.sync
+// forward draws them (flash_fwd.cuh dropout_tile; extras.cuh's generator): the accumulator's
+// element e of each 64 keys is that kernel's m16n8 fragment (e / 4, e % 4), row row_a + 8 ((e / 2)
+// % 2), key n0 + 8 (e / 4) + 2 (lane % 4) + e % 2, so bit e % 32 of word e / 32 keeps element e.
+// Per pair of n8 tiles the quad's 4 lanes draw one x call each (2 rows x 2 tiles) and a 4 x 4
+// transpose hands every lane its words: one Philox call per 8 elements.
+template <class Tr>
+EXLA_RS_SM90 void dropout_bits(unsigned (&bits)[Tr::kBlockN / 64], const FwdParams& p, const ConsumerView& cv, int n0) {
+  const int tig = cv.lane % 4;
+  // Read per tile (the key from global memory, the threshold from the parameters): no registers
+  // held through the key loop for it.
+  const Dropout dr = Dropout::load(p.x);
+#pragma unroll
+  for (int part = 0; part < Tr::kBlockN / 64; ++part) {
+    const unsigned oct0 = static_cast<unsigned>(n0 + 64 * part) >> 3;
+    unsigned b = 0;
+#pragma unroll 1
+    for (int jp = 0; jp < 4; ++jp) {
+      const Philox4 r = dropout_x(dr.k0, dr.k1, static_cast<unsigned>(cv.batch), static_cast<unsigned>(cv.head),
+                                  static_cast<unsigned>(cv.row_a + 8 * (tig & 1)), oct0 + static_cast<unsigned>(2 * jp + (tig >> 1)));
+      unsigned a[4] = {r.x[0], r.x[1], r.x[2], r.x[3]};
+      transpose4_lanes<1>(a, tig);
+      b |= dr.keep8(a, tig, oct0 + 2 * jp, static_cast<unsigned>(cv.row_a), 8u, static_cast<unsigned>(cv.batch), static_cast<unsigned>(cv.head))
+           << (8 * jp);
+    }
+    bits[part] = b;
+  }
+}
 
 // One key tile of a consumer: S = Q K^T and (kPrev) the previous tile's O += P V, issued together
 // in this consumer's turn; the softmax of S; P re-packed for the next turn. The first tile has no
 // previous P V: a separate instantiation, so the steady-state loop has no branch around the
 // asynchronous products (a merge point there makes ptxas copy accumulators mid-flight).
-template <class T, class Tr, bool kPrev>
-EXLA_RS_SM90 void consumer_tile(const ConsumerView& cv, const FwdBarriers& bar, int i, int kv_iter, int& prev_stage,
+template <class T, class Tr, int F, bool kPrev>
+EXLA_RS_SM90 void consumer_tile(const FwdParams& p, const ConsumerView& cv, const FwdBarriers& bar, int i, int kv_iter, int& prev_stage,
                                 unsigned& prev_phase, int& prev_n0, float (&o)[Tr::kHeadDim / 2], unsigned (&pf)[Tr::kBlockN / 16][4],
                                 float (&m_run)[2], float (&l_run)[2]) {
   constexpr int BN = Tr::kBlockN;
@@ -337,7 +457,21 @@ EXLA_RS_SM90 void consumer_tile(const ConsumerView& cv, const FwdBarriers& bar, 
       mbar_wait(bar.k_full + stage, phase);
       if constexpr (kPrev) {
         mbar_wait(bar.v_full + prev_stage, prev_phase);
-        mark_poisoned<Tr>(poison_of<Tr>(cv.smem, prev_stage), prev_n0, lo0, hi0, lo1, hi1, quad_col, o);
+        mark_poisoned<Tr, F>(poison_of<Tr>(cv.smem, prev_stage), prev_n0, lo0, hi0, lo1, hi1, quad_col, o, p, cv);
+      }
+      // key_mask: this lane's mask entries of the tile, loaded before the turn so that their
+      // latency hides behind the products (keys past kv_len are hidden by the interval test and
+      // not read); one ballot per 32 keys after the wait.
+      [[maybe_unused]] bool km_lane[BN / 32];
+      if constexpr ((F & kFeatMasks) != 0) {
+        if (cv.has_km) {
+          const long long mask_row = static_cast<long long>(cv.batch) * p.seq_k;
+#pragma unroll
+          for (int k = 0; k < BN / 32; ++k) {
+            const int key = n0 + 32 * k + lane;
+            km_lane[k] = key < cv.kv && key_mask_visible(p.x.key_mask, p.x.key_mask_bytes, mask_row + key);
+          }
+        }
       }
       named_sync(turn_mine, 256);
       wgmma_fence();
@@ -369,14 +503,27 @@ EXLA_RS_SM90 void consumer_tile(const ConsumerView& cv, const FwdBarriers& bar, 
 #pragma unroll
       for (int e = 0; e < kSAcc; ++e)
         s[e] = softcap ? tanh_approx(s[e] * cap_in) * cap_out : s[e] * scale_log2;
-      if (!(n0 >= wg_lo_max && n0 + BN <= wg_hi_min)) {
+      // Bias and ALiBi after scale and softcap, before the masks (a hidden element becomes -inf
+      // whatever its bias, NaN included); key_mask's bits for the hide below.
+      [[maybe_unused]] unsigned km[BN / 32];
+      if constexpr ((F & kFeatMasks) != 0) {
+        add_extras<Tr>(s, p, cv, n0);
+        if (cv.has_km)
+#pragma unroll
+          for (int k = 0; k < BN / 32; ++k) km[k] = __ballot_sync(0xffffffffu, km_lane[k]) >> quad_col;
+      }
+      if (!(n0 >= wg_lo_max && n0 + BN <= wg_hi_min) || ((F & kFeatMasks) != 0 && cv.has_km)) {
         const int a0 = lo0 - n0, b0 = hi0 - n0, a1 = lo1 - n0, b1 = hi1 - n0;
 #pragma unroll
         for (int e = 0; e < kSAcc; ++e) {
           const int col = (e / 4) * 8 + quad_col + (e % 2);
           const bool upper = (e / 2) % 2;
           const int a = upper ? a1 : a0, b = upper ? b1 : b0;
-          if (col < a || col >= b) s[e] = neg_inf();
+          bool hide = col < a || col >= b;
+          // Bit (e / 4 % 4) * 8 + e % 2 of word e / 16, after the shift by quad_col: key col.
+          if constexpr ((F & kFeatMasks) != 0)
+            if (cv.has_km) hide |= !((km[e / 16] >> (((e / 4) % 4) * 8 + (e % 2))) & 1u);
+          if (hide) s[e] = neg_inf();
         }
       }
       float corr[2];
@@ -400,6 +547,16 @@ EXLA_RS_SM90 void consumer_tile(const ConsumerView& cv, const FwdBarriers& bar, 
           }
         l_run[h] = l_run[h] * corr[h] + sum;
       }
+      // Dropout after the row sums (the softmax is taken first); 1 / (1 - rate) in the epilogue.
+      if constexpr ((F & kFeatDropout) != 0) {
+        if (cv.has_drop) {
+          unsigned drop_bits[BN / 64];
+          dropout_bits<Tr>(drop_bits, p, cv, n0);
+#pragma unroll
+          for (int e = 0; e < kSAcc; ++e)
+            if (!((drop_bits[e / 32] >> (e % 32)) & 1u)) s[e] = 0.f;
+        }
+      }
       if constexpr (kPrev) {
         wgmma_wait<0>();  // P V of the previous tile: its P registers and V stage are free now
 #pragma unroll
@@ -419,7 +576,7 @@ EXLA_RS_SM90 void consumer_tile(const ConsumerView& cv, const FwdBarriers& bar, 
       prev_n0 = n0;
 }
 
-template <class T, class Tr>
+template <class T, class Tr, int F>
 EXLA_RS_SM90 void fwd_consumer(const FwdParams& p, unsigned char* smem, const FwdBarriers& bar, int consumer) {
   constexpr int D = Tr::kHeadDim;
   constexpr int BN = Tr::kBlockN;
@@ -477,14 +634,28 @@ EXLA_RS_SM90 void fwd_consumer(const FwdParams& p, unsigned char* smem, const Fw
       unsigned pf[kPSteps][4];
       int prev_stage = 0, prev_n0 = 0;
       unsigned prev_phase = 0;
-      const ConsumerView cv{q_addr,     k_addr,     v_addr,    turn_mine, turn_other, lane,     quad_col,
-                            softcap,    cap_in,     cap_out,   scale_log2, wg_lo_max, wg_hi_min, lo0,
-                            hi0,        lo1,        hi1,       kb.first,  kb.count,  smem};
-      consumer_tile<T, Tr, false>(cv, bar, 0, kv_iter++, prev_stage, prev_phase, prev_n0, o, pf, m_run, l_run);
+      ConsumerView cv{q_addr,     k_addr,     v_addr,    turn_mine, turn_other, lane,     quad_col,
+                      softcap,    cap_in,     cap_out,   scale_log2, wg_lo_max, wg_hi_min, lo0,
+                      hi0,        lo1,        hi1,       kb.first,  kb.count,  smem};
+      if constexpr (F != 0) {
+        cv.batch = w.batch;
+        cv.head = w.head;
+        cv.kv = kv;
+        cv.row0 = m0 + r0;
+        cv.row1 = m0 + r1;
+        cv.row_a = m0 + row_in_tile;
+        cv.q_start = p.q_start[w.batch];
+        cv.has_km = (F & kFeatMasks) != 0 && p.x.key_mask != nullptr;
+        cv.has_bias = (F & kFeatMasks) != 0 && p.x.bias != nullptr;
+        cv.has_alibi = (F & kFeatMasks) != 0 && p.x.alibi_slopes != nullptr;
+        cv.has_drop = (F & kFeatDropout) != 0 && p.x.dropout_key != nullptr;
+        cv.slope_l2 = cv.has_alibi ? -p.x.alibi_slopes[w.head] * kLog2e : 0.f;
+      }
+      consumer_tile<T, Tr, F, false>(p, cv, bar, 0, kv_iter++, prev_stage, prev_phase, prev_n0, o, pf, m_run, l_run);
       for (int i = 1; i < kb.count; ++i, ++kv_iter)
-        consumer_tile<T, Tr, true>(cv, bar, i, kv_iter, prev_stage, prev_phase, prev_n0, o, pf, m_run, l_run);
+        consumer_tile<T, Tr, F, true>(p, cv, bar, i, kv_iter, prev_stage, prev_phase, prev_n0, o, pf, m_run, l_run);
       mbar_wait(bar.v_full + prev_stage, prev_phase);
-      mark_poisoned<Tr>(poison_of<Tr>(smem, prev_stage), prev_n0, lo0, hi0, lo1, hi1, quad_col, o);
+      mark_poisoned<Tr, F>(poison_of<Tr>(smem, prev_stage), prev_n0, lo0, hi0, lo1, hi1, quad_col, o, p, cv);
       named_sync(turn_mine, 256);
       wgmma_fence();
       const unsigned v_stage = v_addr + prev_stage * Tr::kKVBytes;
@@ -498,7 +669,11 @@ EXLA_RS_SM90 void fwd_consumer(const FwdParams& p, unsigned char* smem, const Fw
       if (lane == 0) mbar_arrive(bar.v_empty + prev_stage);
     }
 
-    // Epilogue: o / l and lse per row; a row that saw no key has l = 0: o = 0, lse = -inf.
+    // Epilogue: o / l and lse per row; a row that saw no key has l = 0: o = 0, lse = -inf. With
+    // dropout, kept entries are scaled by 1 / (1 - rate): folded into 1 / l.
+    float o_scale = 1.f;
+    if constexpr ((F & kFeatDropout) != 0)
+      if (p.x.dropout_key != nullptr) o_scale = p.x.dropout_scale;
     float inv[2], lse[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -506,7 +681,7 @@ EXLA_RS_SM90 void fwd_consumer(const FwdParams& p, unsigned char* smem, const Fw
       l += __shfl_xor_sync(0xffffffffu, l, 1);
       l += __shfl_xor_sync(0xffffffffu, l, 2);
       const float m = m_run[h] == neg_inf() ? 0.f : m_run[h];
-      inv[h] = l > 0.f ? 1.f / l : 0.f;
+      inv[h] = l > 0.f ? o_scale / l : 0.f;
       lse[h] = l > 0.f ? (m + __log2f(l)) * kLn2 : neg_inf();
     }
     Storage* out = static_cast<Storage*>(p.o);
@@ -525,7 +700,7 @@ EXLA_RS_SM90 void fwd_consumer(const FwdParams& p, unsigned char* smem, const Fw
   if (consumer == 0) named_sync(Tr::kTurnBarrier, 256);  // pairs with consumer 1's last hand-over
 }
 
-template <class T, int D>
+template <class T, int D, int F = 0>
 EXLA_RS_SM90 void flash_fwd(const FwdParams& p, const TensorMap* tq, const TensorMap* tk, const TensorMap* tv) {
   using Tr = FwdTraits<D>;
   EXLA_RS_DYNAMIC_SMEM_UNALIGNED(smem_raw);
@@ -549,10 +724,10 @@ EXLA_RS_SM90 void flash_fwd(const FwdParams& p, const TensorMap* tq, const Tenso
   const int warpgroup = threadIdx.x / 128;
   if (warpgroup == 0) {
     regs_release<Tr::kProducerRegs>();
-    if (threadIdx.x / 32 == 0) fwd_producer<T, Tr>(p, tq, tk, tv, smem, bar);
+    if (threadIdx.x / 32 == 0) fwd_producer<T, Tr, F>(p, tq, tk, tv, smem, bar);
   } else {
     regs_claim<Tr::kConsumerRegs>();
-    fwd_consumer<T, Tr>(p, smem, bar, warpgroup - 1);
+    fwd_consumer<T, Tr, F>(p, smem, bar, warpgroup - 1);
   }
 }
 

@@ -179,7 +179,7 @@ pub(crate) fn name(parts: &[&str]) -> &'static str {
 /// flash_bwd.cuh, FEATURE_SETS in kernels/generate.py): each (pass, dtype, head dim) has one
 /// instantiation per set, and a call runs the smallest set that covers its optional operands, so
 /// the common call (no optional operand) runs a kernel with none of their code. The f32 SIMT
-/// kernels and the sm90 forward have one set each (the sm90 forward takes plain calls only).
+/// kernels have one set; the sm90 forward has these four too (kernels/sm90/generate.py).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct FeatureSet {
     /// key_mask, bias, ALiBi or dbias: the masks and additive terms.

@@ -34,9 +34,12 @@ pub fn every_launch() -> Vec<KernelLaunch> {
             if let Some((file, kernel)) = sm90_bwd::sm90_backward_kernel(dtype, d) {
                 launches.push(Launch { file, kernel, grid: (1, 1, 1), block: sm90_bwd::THREADS, smem: sm90_bwd::bwd_smem_bytes(d) });
             }
-            if let Some(kernel) = sm90::sm90_forward_kernel(dtype, d) {
-                let file = kernel.strip_prefix("exla_rs_").expect("sm90 kernels are named exla_rs_<file>");
-                launches.push(Launch { file, kernel, grid: (1, 1, 1), block: sm90::fwd_tiles(d).threads, smem: sm90::fwd_smem_bytes(d) });
+            // The sm90 forward's feature sets (D = 256 has no dropout set).
+            for f in FeatureSet::ALL {
+                if let Some(kernel) = sm90::sm90_forward_kernel_for(dtype, d, f) {
+                    let file = kernel.strip_prefix("exla_rs_").expect("sm90 kernels are named exla_rs_<file>");
+                    launches.push(Launch { file, kernel, grid: (1, 1, 1), block: sm90::fwd_tiles(d).threads, smem: sm90::fwd_smem_bytes(d) });
+                }
             }
         }
     }

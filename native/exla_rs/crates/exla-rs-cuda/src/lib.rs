@@ -39,7 +39,7 @@ pub use tensor_map::{TensorMap, TiledMapArgs};
 pub use launch::{backward, forward};
 pub use launch_table::{every_launch, KernelLaunch};
 pub use params::{bias_strides, extra_params, ExtraParams};
-pub use sm90::{forward_path_summary, sm90_forward_kernel, PathOverride, AUTO_SM90_VERIFIED, SM90_HEAD_DIMS};
+pub use sm90::{forward_path_summary, sm90_forward_kernel, sm90_forward_kernel_for, PathOverride, AUTO_SM90_VERIFIED, AUTO_SM90_VERIFIED_SETS, SM90_HEAD_DIMS};
 
 use exla_rs_attn::{AttnShape, ElementType, Pass};
 

@@ -180,6 +180,36 @@ fn all_cases() -> Vec<Case> {
             v.push(c);
         }
     }
+    // The sm90 forward's masked and dropout feature sets (issue 32, part 3: each its own image), per
+    // (dtype, D): key_mask (a fully hidden batch row and holes) with ALiBi or a bias of another
+    // broadcast and type, dropout alone (causal), and everything together (D = 64, 128: D = 256
+    // has no dropout image); past one key tile, GQA, two batch rows where the key mask or kv_len
+    // leaves one fully masked.
+    for (n, dt) in [ElementType::F16, ElementType::BF16].into_iter().enumerate() {
+        for (i, d) in SM90_HEAD_DIMS.into_iter().enumerate() {
+            let sk = if d <= 128 { 140 } else { 70 };
+            let m = 3 * n + i;
+            let mut c = Case::new(format!("sm90_{}_d{d}_mask", dt.name()), dt, shape(2, 70, sk, 4, 2, d));
+            (c.path, c.backward, c.key_mask) = (Some("sm90"), false, true);
+            match m % 3 {
+                0 => (c.alibi, c.window) = (true, (-1, 0)),
+                1 => c.bias = Some(([1, 4, 70, sk], ElementType::F32)),
+                _ => (c.bias, c.alibi, c.softcap) = (Some(([2, 1, 1, sk], ElementType::BF16)), true, 15.0),
+            }
+            v.push(c);
+            if d == 256 {
+                continue; // no sm90 dropout image at D = 256 (sm90.rs sm90_has_set)
+            }
+            let mut c = Case::new(format!("sm90_{}_d{d}_drop", dt.name()), dt, shape(1, 70, sk, 4, 2, d));
+            (c.path, c.backward, c.dropout, c.window) = (Some("sm90"), false, 0.2, (-1, 0));
+            v.push(c);
+            let mut c = Case::new(format!("sm90_{}_d{d}_mask_drop", dt.name()), dt, shape(2, 70, sk, 4, 2, d));
+            (c.path, c.backward, c.dropout, c.key_mask, c.alibi) = (Some("sm90"), false, 0.1, true, true);
+            c.bias = Some(([1, 1, 70, sk], ElementType::F16));
+            c.kv_len = Some(vec![sk as i32 - 9, sk as i32]);
+            v.push(c);
+        }
+    }
     // The split-KV forward (issue 34): decode calls (one query row, a GQA group of 2 in one CTA),
     // each (dtype, D) plain with 3 splits (the combine pass) over a ragged causal cache, and with
     // key_mask, bias and ALiBi (the masks-and-terms images) on the launcher's own split count;
