@@ -99,7 +99,12 @@ struct BwdTraits90 {
   static constexpr int kBarOffset = kKbadOffset + kBlockN * 4;
   static constexpr int kBarriers = 2 + 2 * kStages;  // kv_full, q_raw, q_full[S], q_empty[S]
   static constexpr int kSmemBytes = kBarOffset + kBarriers * 8 + 1024;  // + alignment slack
-  static constexpr int kReleasers = kConsumers * 4;  // lane 0 of each consumer warp
+  // Arrivals per phase. Every thread that touched a stage's ordinary shared memory (the lse /
+  // delta rows, the zeroed Q / dO rows) arrives itself, so each one's accesses are released by
+  // its own arrive: compute-sanitizer racecheck (H200, 2026-11-28) reported the lse / delta
+  // writes and reads as races when one lane per warp arrived after a warp sync.
+  static constexpr int kFillers = 32;                   // q_full: the producer warp's lanes
+  static constexpr int kReleasers = kConsumers * 128;   // q_empty: every consumer thread
   static constexpr int kKCheckBarrier = 1;            // named barriers (256 consumer threads)
   // dS ready: D = 128 reads both consumers' halves of dS (one barrier of 256 threads); D = 64
   // reads only its own keys' half, so each consumer syncs its own 128 threads (barriers 2, 3) and
@@ -187,6 +192,8 @@ EXLA_RS_SM90 void bwd_producer(const BwdParams& p, const BwdSweep& sw, const Ten
         tma_load_4d(tq, done, q_dst + c * Tr::kBlockM * kSwizzleRowBytes, c * 64, m0, h, sw.b);
         tma_load_4d(tdo, done, do_dst + c * Tr::kBlockM * kSwizzleRowBytes, c * 64, m0, h, sw.b);
       }
+    } else if (!fix) {
+      mbar_arrive(bar.q_full + stage);  // this lane's lse / delta rows (lane 0's arrive carries the bytes)
     }
     if (fix) {
       mbar_wait(bar.q_raw, raw_phase);
@@ -200,8 +207,7 @@ EXLA_RS_SM90 void bwd_producer(const BwdParams& p, const BwdSweep& sw, const Ten
         reinterpret_cast<Chunk16*>(do_dst)[x] = Chunk16{0, 0, 0, 0};
       }
       fence_proxy_async_smem();
-      __syncwarp();
-      if (lane == 0) mbar_arrive(bar.q_full + stage);
+      mbar_arrive(bar.q_full + stage);  // every lane: its lse / delta rows and the rows it zeroed
     }
   }
 }
@@ -401,7 +407,7 @@ EXLA_RS_SM90 void bwd_consumer(const BwdParams& p, const BwdSweep& sw, const Mas
       }
 #pragma unroll
       for (int e = 0; e < 32; ++e) pin(dq[e]);
-      if (lane == 0) mbar_arrive(bar.q_empty + stage);
+      mbar_arrive(bar.q_empty + stage);  // every thread: its reads of the stage's lse / delta
 
       float* dq_rows = p.dq_accum + ((static_cast<long long>(sw.b) * p.seq_q + m0) * p.heads + h) * D + dq_col0;
       const long long q_stride = static_cast<long long>(p.heads) * D;
@@ -451,7 +457,7 @@ EXLA_RS_SM90 void flash_bwd(const BwdParams& p, const TensorMap* tq, const Tenso
     mbar_init(bar.kv_full, 1);
     mbar_init(bar.q_raw, 1);
     for (int s = 0; s < Tr::kStages; ++s) {
-      mbar_init(bar.q_full + s, 1);
+      mbar_init(bar.q_full + s, Tr::kFillers);
       mbar_init(bar.q_empty + s, Tr::kReleasers);
     }
     fence_barrier_init();

@@ -70,8 +70,15 @@ struct FwdTraits {
   static constexpr int kMaxPoison = 32;  // non-finite V elements listed per stage (more: per key)
   static constexpr int kPoisonBytes = 160;  // sizeof(Poison)
   static constexpr int kSmemBytes = kPoisonOffset + kStages * kPoisonBytes + 1024;  // + alignment slack
-  // Consumer warps that release a stage (lane 0 of each, after its warpgroup's wgmma wait).
+  // Consumer warps that release a stage read only through wgmma (K, Q): lane 0 of each, after its
+  // warpgroup's wgmma wait. A V stage also holds the Poison list, which every consumer thread
+  // reads with ordinary loads and the producer rewrites after v_empty: every consumer thread
+  // arrives on v_empty and every producer lane on v_full, each releasing its own accesses
+  // (compute-sanitizer racecheck reported the count's read and rewrite as a race on an H200,
+  // 2026-11-28, when one lane per warp arrived).
   static constexpr int kReleasers = kConsumers * 4;
+  static constexpr int kVReleasers = kConsumers * 128;
+  static constexpr int kVFillers = 32;
   static constexpr int kTurnBarrier = 1;  // named barriers 1 and 2: consumer c's turn
 };
 
@@ -260,8 +267,11 @@ EXLA_RS_SM90 void fwd_producer(const FwdParams& p, const TensorMap* tq, const Te
         for (int c = 0; c < Tr::kColBlocks; ++c)
           tma_load_4d(tv, done, v_dst + c * Tr::kBlockN * kSwizzleRowBytes, c * 64, n0, kv_head, w.batch);
       }
+      // Lane 0 alone waited for the stage to be free: the other lanes arrive on v_full only after it
+      // (an arrive before that wait could land in the stage's previous phase).
+      __syncwarp();
+      if (!inspect && lane != 0) mbar_arrive(bar.v_full + stage);  // lane 0's arrive carries the bytes
       if (inspect) {
-        __syncwarp();
         mbar_wait(bar.v_raw, raw_phase);
         raw_phase ^= 1;
         const int keep = pad ? imax(pad_from, 0) : Tr::kBlockN;  // rows below are kept
@@ -293,8 +303,7 @@ EXLA_RS_SM90 void fwd_producer(const FwdParams& p, const TensorMap* tq, const Te
           }
         }
         fence_proxy_async_smem();
-        __syncwarp();
-        if (lane == 0) mbar_arrive(bar.v_full + stage);
+        mbar_arrive(bar.v_full + stage);  // every lane: the chunks it zeroed and the entries it listed
       }
     }
   }
@@ -561,7 +570,7 @@ EXLA_RS_SM90 void consumer_tile(const FwdParams& p, const ConsumerView& cv, cons
         wgmma_wait<0>();  // P V of the previous tile: its P registers and V stage are free now
 #pragma unroll
         for (int e = 0; e < kOAcc; ++e) pin(o[e]);
-        if (lane == 0) mbar_arrive(bar.v_empty + prev_stage);
+        mbar_arrive(bar.v_empty + prev_stage);  // every thread: its reads of the stage's Poison list
       }
 #pragma unroll
       for (int e = 0; e < kOAcc; ++e) o[e] *= corr[(e / 2) % 2];
@@ -666,7 +675,7 @@ EXLA_RS_SM90 void fwd_consumer(const FwdParams& p, unsigned char* smem, const Fw
       wgmma_wait<0>();
 #pragma unroll
       for (int e = 0; e < kOAcc; ++e) pin(o[e]);
-      if (lane == 0) mbar_arrive(bar.v_empty + prev_stage);
+      mbar_arrive(bar.v_empty + prev_stage);  // every thread: its reads of the stage's Poison list
     }
 
     // Epilogue: o / l and lse per row; a row that saw no key has l = 0: o = 0, lse = -inf. With
@@ -714,9 +723,9 @@ EXLA_RS_SM90 void flash_fwd(const FwdParams& p, const TensorMap* tq, const Tenso
     mbar_init(bar.v_raw, 1);
     for (int s = 0; s < Tr::kStages; ++s) {
       mbar_init(bar.k_full + s, 1);
-      mbar_init(bar.v_full + s, 1);
+      mbar_init(bar.v_full + s, Tr::kVFillers);
       mbar_init(bar.k_empty + s, Tr::kReleasers);
-      mbar_init(bar.v_empty + s, Tr::kReleasers);
+      mbar_init(bar.v_empty + s, Tr::kVReleasers);
     }
     fence_barrier_init();
   }

@@ -112,9 +112,7 @@ pub fn sm90_has_set(head_dim: usize, features: FeatureSet) -> bool {
 /// dropout) has an instantiation at D = 64 and 128, within the register split and spill-free
 /// (sass_stats.py --check-spills --check-regpool); at D = 256 dropout has none (see the error).
 pub fn sm90_supports(cc: (i32, i32), dtype: ElementType, shape: &AttnShape, features: FeatureSet) -> Result<(), String> {
-    if cc != (9, 0) {
-        return Err(format!("the sm90 kernels are sm_90a code; this device has compute capability {}.{}", cc.0, cc.1));
-    }
+    check_sm90a_device(cc)?;
     if dtype == ElementType::F32 {
         return Err("the sm90 forward runs f16 and bf16 (f32 stays on the exact SIMT kernels)".into());
     }
@@ -126,7 +124,20 @@ pub fn sm90_supports(cc: (i32, i32), dtype: ElementType, shape: &AttnShape, feat
                     consumers' 232 registers (ptxas spilled), so D = 256 calls with dropout run the mma.sync forward"
             .into());
     }
-    // TMA: every global stride below 2^40 bytes (batch stride is the largest).
+    check_tma_strides(shape)
+}
+
+/// Err unless the device runs sm_90a code (the forward's and the backward's first condition).
+pub(crate) fn check_sm90a_device(cc: (i32, i32)) -> Result<(), String> {
+    if cc != (9, 0) {
+        return Err(format!("the sm90 kernels are sm_90a code; this device has compute capability {}.{}", cc.0, cc.1));
+    }
+    Ok(())
+}
+
+/// TMA: every global stride of the call's tensor maps below 2^40 bytes (the batch stride is the
+/// largest; 16-bit elements).
+pub(crate) fn check_tma_strides(shape: &AttnShape) -> Result<(), String> {
     let batch_stride = shape.seq_q.max(shape.seq_k) * shape.heads.max(shape.kv_heads) * shape.head_dim * 2;
     if batch_stride as u64 >= 1 << 40 {
         return Err(format!("a batch row of {batch_stride} bytes exceeds TMA's 2^40-byte stride limit"));
