@@ -30,40 +30,6 @@
 namespace exla_rs {
 namespace sm90 {
 
-// wgmma m64n64k16 SS with B MN-major (imm-trans-b = 1): dQ = dS K reads K as stored.
-#if !defined(EXLA_RS_CPU)
-template <class T>
-EXLA_RS_SM90 void wgmma_ss_tb(float (&d)[32], u64 desc_a, u64 desc_b, int scale_d) {
-  if constexpr (WgmmaType<T>::kBf16) {
-    asm volatile(
-        "{\n.reg .pred p;\n"
-        "setp.ne.b32 p, %34, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, "
-        "%23, %24, %25, %26, %27, %28, %29, %30, %31}, "
-        "%32, %33, p, 1, 1, 0, 1;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
-          "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),
-          "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),
-          "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-        : "l"(desc_a), "l"(desc_b), "r"(scale_d));
-  } else {
-    asm volatile(
-        "{\n.reg .pred p;\n"
-        "setp.ne.b32 p, %34, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, "
-        "%23, %24, %25, %26, %27, %28, %29, %30, %31}, "
-        "%32, %33, p, 1, 1, 0, 1;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
-          "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),
-          "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),
-          "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-        : "l"(desc_a), "l"(desc_b), "r"(scale_d));
-  }
-}
-#endif
-
 template <int D>
 struct BwdTraits90 {
   static_assert(D == 64 || D == 128, "sm90 backward head dims: 64, 128");
@@ -393,7 +359,7 @@ EXLA_RS_SM90 void bwd_consumer(const BwdParams& p, const BwdSweep& sw, const Mas
 #pragma unroll
       for (int kk = 0; kk < Tr::kDqKeys / 16; ++kk) {
         const int kg = dq_key0 / 16 + kk;  // 16-key step within the block
-        wgmma_ss_tb<T>(dq, smem_desc(ds_addr + bwd_kstep_offset(kg, BM), 16, kAtomBytes),
+        wgmma_ss<T, 1>(dq, smem_desc(ds_addr + bwd_kstep_offset(kg, BM), 16, kAtomBytes),
                        smem_desc(k_addr + (dq_col0 / 64) * Tr::kBlockN * kSwizzleRowBytes + kg * 16 * kSwizzleRowBytes,
                                  Tr::kBlockN * kSwizzleRowBytes, kAtomBytes),
                        kk > 0 ? 1 : 0);

@@ -30,7 +30,8 @@ def regs(first, count):
 
 def wgmma_ops():
     out = [HEADER, "// wgmma.mma_async m64nNk16, f32 accumulators, 16-bit inputs (PTX ISA 9.7.15).",
-           "// SS: A and B from shared-memory descriptors (Q K^T: both K-major, no transpose).",
+           "// SS: A and B from shared-memory descriptors (Q K^T: both K-major, no transpose; kTransB = 1",
+           "// reads B MN-major: the backward's dQ = dS K reads K as stored).",
            "// RS: A from four registers per thread (P, re-packed from the S accumulator), B from a",
            "// descriptor; kTransB = 1 reads B MN-major (V as stored: keys x head dim, head dim contiguous).",
            "// `scale_d` = 0 overwrites the accumulator instead of adding to it.",
@@ -49,8 +50,8 @@ def wgmma_ops():
                 a_ops, a_in = f"%{acc}", '"l"(desc_a)'
                 b_op, sc = f"%{acc + 1}", f"%{acc + 2}"
                 ins = f'{a_in}, "l"(desc_b), "r"(scale_d)'
-                tail = "1, 1, 0, 0"
-                tmpl = "template <class T>"
+                tail = f"1, 1, 0, %{acc + 3}"
+                tmpl = "template <class T, int kTransB = 0>"
             else:
                 sig = f"float (&d)[{acc}], const unsigned (&a)[4], u64 desc_b, int scale_d"
                 a_ops = "{" + regs(acc, 4) + "}"
@@ -70,7 +71,7 @@ def wgmma_ops():
                 if kind == "ss":
                     out.append(f'        "{a_ops}, {b_op}, p, {tail};\\n}}\\n"')
                     out.append(f"        : {outs}")
-                    out.append(f"        : {ins});")
+                    out.append(f'        : {ins}, "n"(kTransB));')
                 else:
                     out.append(f'        "{a_ops}, {b_op}, p, 1, 1, %{acc + 6};\\n}}\\n"')
                     out.append(f"        : {outs}")

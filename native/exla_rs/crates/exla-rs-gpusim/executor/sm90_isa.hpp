@@ -203,16 +203,12 @@ EXLA_RS_SM90 void wgmma_issue(float (&d)[M], const unsigned* a, u64 desc_a, u64 
   gs::warpgroup_collective(gs::Op::WgmmaIssue, site, io, issue_wg, &op);
 }
 
-// wgmma.mma_async.sync.aligned.m64nNk16.f32.{f16,bf16}: SS "p, 1, 1, 0, 0" (scale-d, imm-scale-a,
-// imm-scale-b, imm-trans-a, imm-trans-b), RS "p, 1, 1, kTransB".
-template <class T, int M>
+// wgmma.mma_async.sync.aligned.m64nNk16.f32.{f16,bf16}: SS "p, 1, 1, 0, kTransB" (scale-d,
+// imm-scale-a, imm-scale-b, imm-trans-a, imm-trans-b), RS "p, 1, 1, kTransB". SS with kTransB = 1
+// (B MN-major): the sm90 backward's dQ = dS K (kernels/sm90/flash_bwd_sm90.cuh).
+template <class T, int kTransB = 0, int M>
 EXLA_RS_SM90 void wgmma_ss(float (&d)[M], u64 desc_a, u64 desc_b, int scale_d) {
-  wgmma_issue<T>(d, nullptr, desc_a, desc_b, scale_d, 0, "wgmma.mma_async SS");
-}
-// SS with imm-trans-b = 1 (B MN-major): the sm90 backward's dQ = dS K (kernels/sm90/flash_bwd_sm90.cuh).
-template <class T, int M>
-EXLA_RS_SM90 void wgmma_ss_tb(float (&d)[M], u64 desc_a, u64 desc_b, int scale_d) {
-  wgmma_issue<T>(d, nullptr, desc_a, desc_b, scale_d, 1, "wgmma.mma_async SS trans-b");
+  wgmma_issue<T>(d, nullptr, desc_a, desc_b, scale_d, kTransB, kTransB ? "wgmma.mma_async SS trans-b" : "wgmma.mma_async SS");
 }
 template <class T, int kTransB, int M>
 EXLA_RS_SM90 void wgmma_rs(float (&d)[M], const unsigned (&a)[4], u64 desc_b, int scale_d) {
