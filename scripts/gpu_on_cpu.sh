@@ -85,30 +85,21 @@ run_shards() { # run_shards DIR FN: FN I for I < $JOBS side by side, output to D
   for i in "${!pids[@]}"; do wait "${pids[$i]}" || rc=1; echo "--- shard $i/$JOBS"; cat "$dir/$i.log"; done
   return $rc
 }
-step_tests_mma() {
-  # The longest step: $JOBS shards side by side (conftest.py's EXLA_RS_TEST_SHARD), then the
-  # coverage test on the union of the kernels they launched; the last line sums the three runs.
-  local dir=$LOGS/tests-mma.shards rc=0
+sharded_tests() { # sharded_tests PATH: test/gpu with EXLA_RS_CUDA_PATH=PATH
+  # The longest steps: $JOBS shards side by side (conftest.py's EXLA_RS_TEST_SHARD), then the
+  # coverage test on the union of the kernels they launched; the last line sums the runs. The sm90
+  # run holds 276 tests since the sm90 backward and the forward's feature sets (issue 32).
+  local path=$1 dir=$LOGS/tests-$1.shards rc=0
   rm -rf "$dir" && mkdir -p "$dir"
-  mma_shard() { pytest_gpu EXLA_RS_CUDA_PATH=mma EXLA_RS_TEST_SHARD="$1/$JOBS" EXLA_RS_TEST_LAUNCHES_DIR="$dir"; }
-  run_shards "$dir" mma_shard || rc=1
-  pytest_gpu EXLA_RS_CUDA_PATH=mma EXLA_RS_TEST_LAUNCHES_DIR="$dir" -k test_every_kernel_was_launched >"$dir/coverage.log" 2>&1 || rc=1
+  one_shard() { pytest_gpu EXLA_RS_CUDA_PATH="$path" EXLA_RS_TEST_SHARD="$1/$JOBS" EXLA_RS_TEST_LAUNCHES_DIR="$dir"; }
+  run_shards "$dir" one_shard || rc=1
+  pytest_gpu EXLA_RS_CUDA_PATH="$path" EXLA_RS_TEST_LAUNCHES_DIR="$dir" -k test_every_kernel_was_launched >"$dir/coverage.log" 2>&1 || rc=1
   echo "--- coverage"; cat "$dir/coverage.log"
   sum_counts "$dir"/*.log
   return $rc
 }
-step_tests_sm90() {
-  # As tests-mma: since the sm90 backward and the forward's feature sets (issue 32) this run holds
-  # 276 tests, not 65; $JOBS shards, then the coverage test on the union of what they launched.
-  local dir=$LOGS/tests-sm90.shards rc=0
-  rm -rf "$dir" && mkdir -p "$dir"
-  sm90_shard() { pytest_gpu EXLA_RS_CUDA_PATH=sm90 EXLA_RS_TEST_SHARD="$1/$JOBS" EXLA_RS_TEST_LAUNCHES_DIR="$dir"; }
-  run_shards "$dir" sm90_shard || rc=1
-  pytest_gpu EXLA_RS_CUDA_PATH=sm90 EXLA_RS_TEST_LAUNCHES_DIR="$dir" -k test_every_kernel_was_launched >"$dir/coverage.log" 2>&1 || rc=1
-  echo "--- coverage"; cat "$dir/coverage.log"
-  sum_counts "$dir"/*.log
-  return $rc
-}
+step_tests_mma() { sharded_tests mma; }
+step_tests_sm90() { sharded_tests sm90; }
 
 HARNESS=$TARGET/gpu_on_cpu/gpusim/examples/gpu_on_cpu_check
 harness() { # harness SANITIZER: the harness built and run under the sanitizer, in $JOBS shards
