@@ -137,10 +137,11 @@ BRA_TARGET = re.compile(r"(0x[0-9a-f]+)\s*;")
 # "Technical Specifications per Compute Capability"): (name, registers per SM, shared memory per SM,
 # per block (opt-in), threads per SM, blocks per SM). Each block also takes 1 KiB of shared memory
 # the system reserves. The sm_80 images run on 8.0 (A100) and, unchanged, on 8.6/8.9.
+HOPPER = [("H100", 65536, 228 * 1024, 227 * 1024, 2048, 32)]
 GPUS = {
     "sm_80": [("A100", 65536, 164 * 1024, 163 * 1024, 2048, 32), ("sm_86/89", 65536, 100 * 1024, 99 * 1024, 1536, 16)],
-    "sm_90": [("H100", 65536, 228 * 1024, 227 * 1024, 2048, 32)],
-    "sm_90a": [("H100", 65536, 228 * 1024, 227 * 1024, 2048, 32)],
+    "sm_90": HOPPER,
+    "sm_90a": HOPPER,
 }
 
 

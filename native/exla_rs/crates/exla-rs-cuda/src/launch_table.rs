@@ -26,7 +26,7 @@ pub fn every_launch() -> Vec<KernelLaunch> {
             // A shape every plan accepts; the figures do not depend on it (grids do).
             let s = AttnShape { batch: 1, seq_q: 256, seq_k: 256, heads: 2, kv_heads: 1, head_dim: d };
             for f in FeatureSet::ALL {
-                launches.extend([forward_plan(dtype, &s, f)]);
+                launches.push(forward_plan(dtype, &s, f));
                 launches.extend(backward_plan(dtype, &s, f, Some(64)));
                 // Two splits: the split kernel and its combine pass.
                 launches.extend(split::plan(dtype, &s, f, 2));
