@@ -2,6 +2,7 @@
 //! [S] [reps] [D]`. B=1, H=8, D=64 by default, f32, causal and not. `EXLA_RS_HOST_ISA=avx2|scalar` narrows the ISA.
 //! `host_bench decode [Sk] [reps]`: one query row per sequence, B=8, 32 query heads on 8 kv heads,
 //! D=128, f32 and bf16 (or the one named after the numbers), in GB/s of K+V read.
+//! `host_bench fwd [S] [reps] [D]`: the forward alone.
 //! `host_bench peak`: this core's f32 FMA peak (12 independent AVX2 FMA chains, registers only),
 //! the roofline the f32 kernels are held against.
 //! `host_bench bandwidth [MiB] [reps]`: this machine's read bandwidth, every core summing its share
@@ -133,6 +134,8 @@ fn main() {
         decode(args.first().copied().unwrap_or(4096), args.get(1).copied().unwrap_or(10), only.as_deref());
         return;
     }
+    // `host_bench fwd ...`: the forward alone (a profile of it without the backward's samples).
+    let fwd_only = std::env::args().nth(1).as_deref() == Some("fwd");
     let args: Vec<usize> = std::env::args().skip(1).filter_map(|a| a.parse().ok()).collect();
     let s = args.first().copied().unwrap_or(2048);
     let reps = args.get(1).copied().unwrap_or(5);
@@ -161,6 +164,9 @@ fn main() {
             tf = tf.min(t.elapsed().as_secs_f64());
             let c1 = cpu_secs();
             cf += c1 - c0;
+            if fwd_only {
+                continue;
+            }
             let t = Instant::now();
             backward(
                 &shape,

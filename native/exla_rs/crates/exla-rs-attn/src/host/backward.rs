@@ -26,6 +26,7 @@ use super::dropout::{keep_row_fn, KeepRowFn, NO_DROPOUT, STORE};
 use super::extra::{BiasPanel, PanelSpan, Prep, PANEL_TILES};
 use super::tiles::{BC, BR};
 use super::kernels::{Gemm, Isa, Prefetch, LOG2_E, NO_EXT, PAD};
+use super::pool;
 use super::{round_up, BwdInputs, BwdOutputs, HostElement, SyncPtr};
 use crate::philox::Dropout;
 use crate::{AttnOptions, AttnShape, BiasGrad, Extras, KeyRange};
@@ -149,8 +150,9 @@ fn run_impl<T: HostElement, K: Isa, const EXT: bool, const DROP: bool>(shape: &A
     let ngrp = nkb.div_ceil(group);
 
     // Per (b, head) packs: qs = scale·q and dO as padded f32 rows; Δ = rowsum(dO∘O); lse·log2(e).
-    let mut qs = vec![0f32; batch * h * sq * dp];
-    let mut dop = vec![0f32; batch * h * sq * dp];
+    // qs and dO from the pool (pages mapped by an earlier call): every element is written below.
+    let mut qs = pool::take(batch * h * sq * dp);
+    let mut dop = pool::take(batch * h * sq * dp);
     let mut di = vec![0f32; batch * h * sq];
     let mut lse2 = vec![0f32; batch * h * sq];
     qs.par_chunks_mut(sq * dp)
@@ -162,16 +164,23 @@ fn run_impl<T: HostElement, K: Isa, const EXT: bool, const DROP: bool>(shape: &A
             for i in 0..sq {
                 let src = ((b * sq + i) * h + hq) * d;
                 lse2[i] = inp.lse[bhq * sq + i] * LOG2_E;
+                let (qrow, qpad) = qs[i * dp..(i + 1) * dp].split_at_mut(d);
+                let (dorow, dopad) = dop[i * dp..(i + 1) * dp].split_at_mut(d);
+                // Padding columns are zeros: the products multiply them.
+                qpad.fill(0.0);
+                dopad.fill(0.0);
                 if lse2[i] == f32::NEG_INFINITY {
-                    // A row the forward found fully masked contributes nothing: its q and dO stay
+                    // A row the forward found fully masked contributes nothing: its q and dO are
                     // 0 here, so a NaN/inf in them cannot reach dK/dV through the gemms' P = 0.
+                    qrow.fill(0.0);
+                    dorow.fill(0.0);
                     continue;
                 }
-                for (o, x) in qs[i * dp..i * dp + d].iter_mut().zip(&inp.q[src..src + d]) {
+                for (o, x) in qrow.iter_mut().zip(&inp.q[src..src + d]) {
                     *o = opts.scale * x.to_f32();
                 }
                 let mut acc = 0f32;
-                for ((o, x), y) in dop[i * dp..i * dp + d].iter_mut().zip(&inp.d_o[src..src + d]).zip(&inp.o[src..src + d]) {
+                for ((o, x), y) in dorow.iter_mut().zip(&inp.d_o[src..src + d]).zip(&inp.o[src..src + d]) {
                     *o = x.to_f32();
                     acc += *o * y.to_f32();
                 }

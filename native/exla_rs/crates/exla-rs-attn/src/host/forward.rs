@@ -13,6 +13,7 @@ use rayon::prelude::*;
 use super::dropout::{keep_tile_fn, KeepTileFn, MUL, NO_DROPOUT};
 use super::extra::{BiasPanel, PanelSpan, Prep, PANEL_TILES};
 use super::kernels::{Gemm, Isa, Prefetch, RowExtra, LOG2_E, PAD};
+use super::pool;
 use super::tiles::{BC, BR};
 use super::{finish_row, online_update, round_up, FwdInputs, FwdOutputs, HostElement, SyncPtr};
 use crate::philox::Dropout;
@@ -116,13 +117,18 @@ fn run_impl<T: HostElement, K: Isa, const EXT: bool, const DROP: bool>(shape: &A
     let dp = round_up(d, PAD);
     let ntk = sk.div_ceil(BC);
 
-    let mut kt = vec![0f32; batch * hkv * ntk * d * BC];
-    let mut vp = vec![0f32; batch * hkv * ntk * BC * dp];
+    // Pages already mapped from an earlier call (see pool.rs); every element is written here.
+    let mut kt = pool::take(batch * hkv * ntk * d * BC);
+    let mut vp = pool::take(batch * hkv * ntk * BC * dp);
     kt.par_chunks_mut(ntk * d * BC)
         .zip(vp.par_chunks_mut(ntk * BC * dp))
         .enumerate()
         .for_each(|(bh, (kt, vp))| {
             let (b, kvh) = (bh / hkv, bh % hkv);
+            // Keys past Sk (in the last tile) and V's padding columns are zeros: the products
+            // multiply them.
+            kt[(ntk - 1) * d * BC..].fill(0.0);
+            vp[sk * dp..].fill(0.0);
             for j in 0..sk {
                 let src = ((b * sk + j) * hkv + kvh) * d;
                 let (tile, c) = (j / BC, j % BC);
@@ -130,9 +136,11 @@ fn run_impl<T: HostElement, K: Isa, const EXT: bool, const DROP: bool>(shape: &A
                 for (dd, x) in inp.k[src..src + d].iter().enumerate() {
                     kt[dd * BC] = x.to_f32();
                 }
-                for (o, x) in vp[j * dp..j * dp + d].iter_mut().zip(&inp.v[src..src + d]) {
+                let (row, pad) = vp[j * dp..(j + 1) * dp].split_at_mut(d);
+                for (o, x) in row.iter_mut().zip(&inp.v[src..src + d]) {
                     *o = x.to_f32();
                 }
+                pad.fill(0.0);
             }
         });
 

@@ -54,6 +54,7 @@ mod group_tests;
 mod kernels;
 mod lowp;
 mod pages;
+mod pool;
 mod prefetch;
 mod simd;
 mod tiles;

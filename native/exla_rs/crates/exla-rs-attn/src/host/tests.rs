@@ -872,3 +872,24 @@ fn dropout_mask_is_the_definition() {
         assert!(kept > 0 && kept < n, "{which:?}: kept {kept} of {n}");
     }
 }
+
+/// The packed operands come from a pool that keeps what earlier calls wrote (pool.rs): with every
+/// buffer taken full of NaN, the results must be those of fresh zeroed memory (padding columns,
+/// keys past Sk, rows that see nothing beside rows that do: each is written before it is read).
+#[test]
+fn pooled_scratch_keeps_nothing_of_the_call_before() {
+    let cases = [
+        Case::new(2, 37, 45, 4, 2, 8),
+        Case::new(1, 90, 90, 2, 2, 80).win(10, 0),
+        Case::new(3, 21, 40, 2, 2, 8).kv(&[0, 17, 200]),
+        Case::new(1, 17, 70, 2, 2, 40).win(-1, 0).qs(&[50]),
+        Case::new(1, 40, 40, 1, 1, 8).win(0, 0).kv(&[20]),
+        Case::new(2, 40, 40, 2, 2, 8).win(-1, 0).qs(&[-10, 25]),
+    ];
+    super::pool::POISON.with(|p| p.set(true));
+    for (n, c) in cases.iter().enumerate() {
+        run_case::<f32>(dispatch(), c, 1e-4, 5000 + n as u64);
+        run_case::<bf16>(dispatch(), c, 3e-2, 5100 + n as u64);
+    }
+    super::pool::POISON.with(|p| p.set(false));
+}
