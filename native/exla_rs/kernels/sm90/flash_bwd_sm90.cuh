@@ -18,19 +18,29 @@
 //       the workspace's dq_accum with red.global.add (the mma.sync backward's pre pass zeroes it
 //       and its convert pass scales and rounds it): not deterministic in the summation order,
 //       like the mma.sync backward.
-// Semantics are the contract's (docs/flash-attention-contract.md) for the plain feature set,
-// treated as flash_bwd.cuh's general loop treats them: K rows past kv_len and non-finite K
-// elements are zeroed in shared memory (0 * inf in dS K would leak NaN into rows that do not see
-// the key) and rows that see a non-finite K row get s = NaN; hidden pairs are selects, not products.
+// Semantics are the contract's (docs/flash-attention-contract.md), treated as flash_bwd.cuh's
+// general loop treats them: K rows past kv_len and non-finite K elements are zeroed in shared
+// memory (0 * inf in dS K would leak NaN into rows that do not see the key) and rows that see a
+// non-finite K row get s = NaN; hidden pairs are selects, not products.
+// The optional operands come in the mma.sync kernels' compile-time feature sets (F, extras.cuh:
+// kFeatMasks = key_mask, bias, ALiBi, dbias; kFeatDropout = dropout), one instantiation per set
+// (generate.py); a clear bit compiles its feature out, so the plain set (F = 0) is the kernel it
+// was. key_mask empties the query interval of each key it hides (a block it hides whole sweeps
+// nothing); the sets' consumers take flash_bwd.cuh's elementwise step with the features itself
+// (bwd_extras.cuh: the wgmma accumulator of a warp is the mma.sync fragment's layout), the
+// dropout bits drawn as it draws them (the same Philox bits) before each step's products. They
+// split the registers 24 / 240 (BwdTraits90), the plain set 40 / 232.
 #pragma once
 
+#include "../bwd_extras.cuh"
 #include "../common.cuh"
+#include "../extras.cuh"
 #include "hopper.cuh"
 
 namespace exla_rs {
 namespace sm90 {
 
-template <int D>
+template <int D, int F = 0>
 struct BwdTraits90 {
   static_assert(D == 64 || D == 128, "sm90 backward head dims: 64, 128");
   static constexpr int kHeadDim = D;
@@ -46,12 +56,19 @@ struct BwdTraits90 {
   static constexpr int kQBytes = kBlockM * D * 2;
   static constexpr int kKVBytes = kBlockN * D * 2;
   static constexpr int kDSBytes = kBlockM * kBlockN * 2;
-  // Register split (setmaxnreg), as FwdTraits: 128 * P + 256 * C must fit the launch pool.
+  // Register split (setmaxnreg), as FwdTraits: 128 * P + 256 * C must fit the launch pool. The
+  // feature sets' consumers hold the elementwise step's extra state (bias and dbias addresses,
+  // ALiBi distances, the dropout bits) beside dK, dV, S^T and dP^T: at 232 the masked sets
+  // spilled 188 (D = 128 _mask) to 296 bytes (_mask_drop); the producer (TMA issue, lse / delta
+  // rows, the zero fill) fits setmaxnreg's floor of 24 without a spill, so they take 24 / 240
+  // (the whole pool). The plain set keeps the split it was verified with on an H200.
   static constexpr int kLaunchRegs = launch_reg_cap(kThreads);
-  static constexpr int kProducerRegs = 40;
-  static constexpr int kConsumerRegs = 232;
+  static constexpr int kProducerRegs = F == 0 ? 40 : 24;
+  static constexpr int kConsumerRegs = F == 0 ? 232 : 240;
   static_assert(128 * kProducerRegs + 128 * kConsumers * kConsumerRegs <= kThreads * kLaunchRegs,
                 "setmaxnreg: the producer/consumer split asks more registers than the block holds at launch");
+  static_assert(kProducerRegs % 8 == 0 && kConsumerRegs % 8 == 0 && kProducerRegs >= 24 && kConsumerRegs <= 256,
+                "setmaxnreg: a multiple of 8 in 24..256");
   // Shared memory: K | V | Q stages | dO stages | dS x 2 | lse stages | delta stages | key flags |
   // mbarriers; tiles 1024-byte aligned.
   static constexpr int kKOffset = 0;
@@ -97,7 +114,8 @@ struct BwdSweep {
   int n0, hk, b, group, m_first, m_tiles, steps;
 };
 
-template <class Tr>
+// Every thread of the block calls it (key_mask's ballots), with the same result.
+template <class Tr, int F>
 EXLA_RS_SM90 BwdSweep bwd_sweep(const BwdParams& p, const Mask& mask) {
   BwdSweep s;
   s.n0 = blockIdx.x * Tr::kBlockN;
@@ -106,6 +124,17 @@ EXLA_RS_SM90 BwdSweep bwd_sweep(const BwdParams& p, const Mask& mask) {
   s.group = p.heads / p.kv_heads;
   int q_lo, q_hi;
   mask.keys_rows(s.n0, s.n0 + Tr::kBlockN, q_lo, q_hi);
+  // key_mask: a block whose keys it hides all (a padded batch row's tail) sweeps nothing and loads
+  // nothing; the consumers write its dK = dV = 0.
+  if constexpr ((F & kFeatMasks) != 0) {
+    if (p.x.key_mask != nullptr && q_lo < q_hi) {
+      bool any = false;
+#pragma unroll
+      for (int w = 0; w < Tr::kBlockN / 64; ++w)
+        any |= key_mask_tile_bits<64>(p.x, static_cast<long long>(s.b) * p.seq_k, s.n0 + 64 * w, p.seq_k, threadIdx.x % 32) != 0;
+      if (!any) q_lo = q_hi = 0;
+    }
+  }
   s.m_first = (q_lo / Tr::kBlockM) * Tr::kBlockM;
   s.m_tiles = q_lo < q_hi ? (q_hi - s.m_first + Tr::kBlockM - 1) / Tr::kBlockM : 0;
   s.steps = s.group * s.m_tiles;
@@ -189,7 +218,7 @@ EXLA_RS_SM90 unsigned swz_offset(int row, int col, int rows) {
   return cb * rows * kSwizzleRowBytes + row * kSwizzleRowBytes + ((((c * 2) / 16) ^ (row % 8)) * 16) + (c * 2) % 16;
 }
 
-template <class T, class Tr>
+template <class T, class Tr, int F>
 EXLA_RS_SM90 void bwd_consumer(const BwdParams& p, const BwdSweep& sw, const Mask& mask, unsigned char* smem,
                                const BwdBarriers& bar, int consumer) {
   constexpr int D = Tr::kHeadDim;
@@ -241,6 +270,25 @@ EXLA_RS_SM90 void bwd_consumer(const BwdParams& p, const BwdSweep& sw, const Mas
     int qlo[2], qhi[2];
     mask.keys_rows(n0 + key_local, n0 + key_local + 1, qlo[0], qhi[0]);
     mask.keys_rows(n0 + key_local + 8, n0 + key_local + 9, qlo[1], qhi[1]);
+    // key_mask: a key it hides is seen by no query; km_full: it hides none of this warp's 16 keys
+    // (warp-uniform; a condition of the lean step).
+    constexpr bool kMasks = (F & kFeatMasks) != 0, kDrop = (F & kFeatDropout) != 0;
+    const ExtraParams& x = p.x;
+    bool km_full = true;
+    if constexpr (kMasks) {
+      if (x.key_mask != nullptr) {
+        bool vis[2];
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const int key = n0 + key_local + 8 * r;
+          vis[r] = key < p.seq_k && key_mask_visible(x.key_mask, x.key_mask_bytes, static_cast<long long>(sw.b) * p.seq_k + key);
+          if (!vis[r]) qlo[r] = qhi[r] = 0;
+        }
+        km_full = __all_sync(0xffffffffu, vis[0] && vis[1]);
+      }
+    }
+    const bool has_bias = kMasks && x.bias != nullptr, has_alibi = kMasks && x.alibi_slopes != nullptr;
+    const bool has_drop = kDrop && x.dropout_key != nullptr, has_dbias = kMasks && p.dbias_accum != nullptr;
     const float scale_log2 = p.scale * kLog2e;
     const bool softcap = p.softcap > 0.f;
     const int wg_n0 = n0 + consumer * Tr::kKeysPerConsumer;
@@ -259,6 +307,10 @@ EXLA_RS_SM90 void bwd_consumer(const BwdParams& p, const BwdSweep& sw, const Mas
       const unsigned q_addr = q_base + stage * Tr::kQBytes, do_addr = do_base + stage * Tr::kQBytes;
       const float* s_lse = reinterpret_cast<const float*>(smem + Tr::kLseOffset) + stage * BM;
       const float* s_delta = reinterpret_cast<const float*>(smem + Tr::kDeltaOffset) + stage * BM;
+      // Dropout's keep bits of the step (flash_bwd.cuh's draw: this warp's 16 keys are its key
+      // slice), before the stage's wait and the products: only dK and dV are live here.
+      unsigned keep_bits = ~0u;
+      if (has_drop) keep_bits = dropout_keep_bits_t<BM>(Dropout::load(x), sw.b, h, m0, wg_n0 + warp * 16, lane / 4, lane % 4);
       mbar_wait(bar.q_full + stage, phase);
 
       float s[32], dp[32];
@@ -279,12 +331,20 @@ EXLA_RS_SM90 void bwd_consumer(const BwdParams& p, const BwdSweep& sw, const Mas
         pin(dp[e]);
       }
 
-      // P^T and dS^T (without the final scale, applied by the convert pass and to dK). A tile
-      // every row of which sees every key of this consumer's slice, without softcap and with the
-      // thread's K rows finite, takes the lean step: no mask test, no softcap, only the lse = -inf
+      // P^T and dS^T (without the final scale, applied by the convert pass and to dK). In the
+      // plain set, a tile every row of which sees every key of this consumer's slice, without
+      // softcap and with the thread's K rows finite, takes the lean step: no mask test, no softcap, only the lse = -inf
       // select (a hidden row's dP may be NaN: a select, not a product).
-      const bool full = mask.tile_full(m0, m0 + BM, wg_n0, wg_n0 + Tr::kKeysPerConsumer);
-      if (full && !softcap && !kbad[0] && !kbad[1]) {
+      const bool full = km_full && mask.tile_full(m0, m0 + BM, wg_n0, wg_n0 + Tr::kKeysPerConsumer);
+      if constexpr (F != 0) {
+        // The masked and dropout sets: flash_bwd.cuh's step with the features, at every step
+        // (those sets of the mma.sync backward have no lean step either; beside the two steps
+        // below, ptxas spilled 32-116 bytes of the D = 128 _mask_drop consumers, at 240
+        // registers). Element e of the accumulator is the mma.sync fragment's (e / 4, e % 4).
+        bwd_extras_step<BM>(reinterpret_cast<float(&)[BM / 8][4]>(s), reinterpret_cast<float(&)[BM / 8][4]>(dp), p, mask, s_lse, s_delta,
+                            kbad, qlo, qhi, full, keep_bits, has_drop, has_alibi, has_bias, has_dbias ? p.dbias_accum : nullptr, sw.b, h,
+                            m0, n0 + key_local, lane / 4, lane % 4, lane);
+      } else if (full && !softcap && !kbad[0] && !kbad[1]) {
 #pragma unroll
         for (int e = 0; e < 32; ++e) {
           const int ql = 8 * (e / 4) + quad_col + e % 2;
@@ -411,10 +471,10 @@ EXLA_RS_SM90 void bwd_consumer(const BwdParams& p, const BwdSweep& sw, const Mas
   }
 }
 
-template <class T, int D>
+template <class T, int D, int F = 0>
 EXLA_RS_SM90 void flash_bwd(const BwdParams& p, const TensorMap* tq, const TensorMap* tk, const TensorMap* tv,
                             const TensorMap* tdo) {
-  using Tr = BwdTraits90<D>;
+  using Tr = BwdTraits90<D, F>;
   EXLA_RS_DYNAMIC_SMEM_UNALIGNED(smem_raw);
   const unsigned raw = smem_addr(smem_raw);
   unsigned char* smem = smem_raw + (((raw + 1023u) & ~1023u) - raw);
@@ -430,7 +490,7 @@ EXLA_RS_SM90 void flash_bwd(const BwdParams& p, const TensorMap* tq, const Tenso
   }
   for (int r = threadIdx.x; r < Tr::kBlockN; r += Tr::kThreads) reinterpret_cast<int*>(smem + Tr::kKbadOffset)[r] = 0;
   const Mask mask = Mask::make(p.seq_q, p.seq_k, p.kv_len[blockIdx.z], p.q_start[blockIdx.z], p.window_left, p.window_right);
-  const BwdSweep sw = bwd_sweep<Tr>(p, mask);
+  const BwdSweep sw = bwd_sweep<Tr, F>(p, mask);
   __syncthreads();
   const int warpgroup = threadIdx.x / 128;
   if (warpgroup == 0) {
@@ -438,7 +498,7 @@ EXLA_RS_SM90 void flash_bwd(const BwdParams& p, const TensorMap* tq, const Tenso
     if (threadIdx.x / 32 == 0 && sw.steps > 0) bwd_producer<T, Tr>(p, sw, tq, tk, tv, tdo, smem, bar);
   } else {
     regs_claim<Tr::kConsumerRegs>();
-    bwd_consumer<T, Tr>(p, sw, mask, smem, bar, warpgroup - 1);
+    bwd_consumer<T, Tr, F>(p, sw, mask, smem, bar, warpgroup - 1);
   }
 }
 

@@ -180,6 +180,32 @@ fn all_cases() -> Vec<Case> {
             v.push(c);
         }
     }
+    // The sm90 backward's feature sets (issue 32, part 3: each its own image), per (dtype, D), past
+    // one query tile and one key block (the Q/dO ring wraps over the GQA group): key_mask (batch row 1 hidden whole: its key blocks sweep nothing) with
+    // bias and dbias in each of the three accumulations (per element; Sqb = 1, per key; Skb = 1,
+    // per query) and ALiBi on every other; dropout alone (causal); everything together.
+    for (n, dt) in [ElementType::F16, ElementType::BF16].into_iter().enumerate() {
+        for (i, d) in [64, 128].into_iter().enumerate() {
+            let m = 2 * n + i;
+            let (sq, sk) = (70, 140);
+            let mut c = Case::new(format!("sm90_bwd_{}_d{d}_mask", dt.name()), dt, shape(2, sq, sk, 4, 2, d));
+            (c.path, c.key_mask, c.dbias, c.alibi) = (Some("sm90"), true, true, m % 2 == 0);
+            c.bias = Some(match m % 3 {
+                0 => ([1, 1, sq, sk], ElementType::F32),
+                1 => ([2, 1, 1, sk], ElementType::BF16),
+                _ => ([1, 4, sq, 1], ElementType::F16),
+            });
+            v.push(c);
+            let mut c = Case::new(format!("sm90_bwd_{}_d{d}_drop", dt.name()), dt, shape(1, sq, sk, 4, 2, d));
+            (c.path, c.dropout, c.window) = (Some("sm90"), 0.2, (-1, 0));
+            v.push(c);
+            let mut c = Case::new(format!("sm90_bwd_{}_d{d}_mask_drop", dt.name()), dt, shape(2, sq, sk, 4, 2, d));
+            (c.path, c.dropout, c.key_mask, c.alibi, c.dbias) = (Some("sm90"), 0.1, true, true, true);
+            c.bias = Some(([1, 1, sq, sk], ElementType::F16));
+            c.kv_len = Some(vec![sk as i32 - 9, sk as i32]);
+            v.push(c);
+        }
+    }
     // The sm90 forward's masked and dropout feature sets (issue 32, part 3: each its own image), per
     // (dtype, D): key_mask (a fully hidden batch row and holes) with ALiBi or a bias of another
     // broadcast and type, dropout alone (causal), and everything together (D = 64, 128: D = 256
