@@ -64,7 +64,7 @@ SM90_CPU_RUN = PLATFORM == "cuda-on-cpu" and os.environ.get("EXLA_RS_CUDA_PATH",
 SM90_DIMS = (64, 128, 256)
 
 
-SM90_BWD_DIMS = (64, 128)  # sm90_bwd.rs SM90_BWD_HEAD_DIMS
+SM90_BWD_DIMS = (64, 128, 256)  # sm90_bwd.rs SM90_BWD_HEAD_DIMS
 
 
 def dt_name(dt) -> str:
@@ -91,7 +91,7 @@ def skip_unless_sm90_forward(dt, d: int, optional_operands: bool = False, forwar
 
 def reaches_sm90_backward(dt: str, d: int) -> bool:
     """Whether EXLA_RS_CUDA_PATH=sm90 runs a backward of (dt, d) on the sm90 kernels, whatever its
-    optional operands (sm90_bwd.rs: every feature set at D = 64 and 128)."""
+    optional operands (sm90_bwd.rs: every feature set at D = 64, 128 and 256)."""
     return dt in ("f16", "bf16") and ex.kernel_head_dim(d) in SM90_BWD_DIMS
 
 
@@ -111,11 +111,13 @@ def assert_sm90_backward_ran(dt, d: int, before: int, suffix: str = ""):
         assert sm90_backward_launches(dt, d, suffix) > before, f"the sm90 backward (dt {dt_name(dt)}, d {d}, set {suffix or 'plain'}) did not run"
 
 
-def sm90_forward(fn, suffix: str):
+def sm90_forward(fn, suffix: str, d: int | None = None):
     """fn() (a forward call) run to completion; in the sm90 cuda-on-cpu run also the proof of the
     path it took: the sm90 image of feature set `suffix` ("", "_mask", "_drop", "_mask_drop"), or
-    for a decode-sized call the split-KV kernels, which take such calls first on every path."""
-    if not SM90_CPU_RUN:
+    for a decode-sized call the split-KV kernels, which take such calls first on every path. `d`:
+    the call's head dim, where a dropout call may have none (D = 256: the mma.sync forward runs
+    it, sm90.rs sm90_has_set; such a test is in this run for its sm90 backward)."""
+    if not SM90_CPU_RUN or (d is not None and "drop" in suffix and ex.kernel_head_dim(d) == 256):
         return fn()
     import re
 
@@ -869,7 +871,7 @@ DROPOUT_PARAMS += [pytest.param("everything", d, dt, id=f"everything-padded-{d}-
 
 @pytest.mark.parametrize("name,d,dt", DROPOUT_PARAMS)
 def test_dropout_forward_backward_match_float64(name, d, dt):
-    skip_unless_sm90_forward(dt, d, optional_operands=True, dropout=True)
+    skip_unless_sm90_forward(dt, d, optional_operands=True, dropout=True, sm90_backward_d=d)
     """Forward and backward with dropout (and the other options) against a float64 reference that
     applies philox_ref's mask; the mask of the kernels is the reference's (bit identity above)."""
     need = ["dropout"] + [f for f in ("key_mask", "bias", "alibi_slopes") if DROPOUT_CONFIGS[name].get(f.split("_slopes")[0])]
@@ -893,7 +895,7 @@ def test_dropout_forward_backward_match_float64(name, d, dt):
     g = on_gpu(q, k, v, kv, qs, do, key)
     gext = on_gpu_dict(ext)
     o, lse = sm90_forward(lambda: ex.flash_attn_fwd(*g[:5], platform=PLATFORM, **opt, **gext, dropout_key=g[6], dropout_rate=rate),
-                          "_mask_drop" if ext else "_drop")
+                          "_mask_drop" if ext else "_drop", d)
     before = sm90_backward_launches(dt, d, "_mask_drop" if ext else "_drop")
     grads = ex.flash_attn_bwd(*g[:5], o, lse, g[5], platform=PLATFORM, **opt, **gext, bias_grad=bias is not None, dropout_key=g[6], dropout_rate=rate)
     assert_sm90_backward_ran(dt, d, before, "_mask_drop" if ext else "_drop")
@@ -1139,8 +1141,8 @@ def test_every_kernel_was_launched():
     if SM90_CPU_RUN:
         # The tests this run keeps (above) reach every sm90 instantiation: the forward's 2 dtypes x
         # (3 head dims x plain, _mask + 2 head dims x _drop, _mask_drop: D = 256 has no dropout
-        # image) and the backward's 2 dtypes x D = 64, 128 x its 4 feature sets.
-        assert len(sm90) == 36, sm90
+        # image) and the backward's 2 dtypes x D = 64, 128, 256 x its 4 feature sets.
+        assert len(sm90) == 44, sm90
         assert not sm90 - ran, f"never launched with EXLA_RS_CUDA_PATH=sm90: {sorted(sm90 - ran)}"
         return
     want = kernels_defined("inst")

@@ -97,7 +97,7 @@ def fwd(dt, d, suffix="", feat=0):
 
 
 # The sm90 backward (flash_bwd_sm90.cuh): these head dims, every feature set (FEATURE_SETS).
-BWD_HEAD_DIMS = [64, 128]
+BWD_HEAD_DIMS = [64, 128, 256]
 
 
 def bwd(dt, d, suffix="", feat=0):

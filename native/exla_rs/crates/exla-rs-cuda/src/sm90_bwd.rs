@@ -6,7 +6,7 @@
 //! dbias passes (zero the f32 accumulator, round it into dbias) of a call with `bias_grad`.
 //!
 //! Opt-in only: `EXLA_RS_CUDA_PATH=sm90` runs it on compute capability 9.0 for f16/bf16 calls with
-//! D = 64 or 128, in every feature set ([`FeatureSet`]: key_mask, bias with dbias, ALiBi, dropout,
+//! D = 64, 128 or 256, in every feature set ([`FeatureSet`]: key_mask, bias with dbias, ALiBi, dropout,
 //! one instantiation each, as the mma.sync backward has); `auto` and `mma` keep every backward on
 //! mma.sync until it has passed `test/gpu` and the sanitizers on Hopper. The feature sets
 //! (issue 32, part 3) have run only on the GPU-on-CPU executor so far.
@@ -26,26 +26,38 @@ use std::ffi::c_void;
 use std::sync::OnceLock;
 
 /// Head dims with an sm90 backward instantiation (kernels/sm90/generate.py BWD_HEAD_DIMS).
-pub const SM90_BWD_HEAD_DIMS: [usize; 2] = [64, 128];
+pub const SM90_BWD_HEAD_DIMS: [usize; 3] = [64, 128, 256];
 
-/// `BwdTraits90<D>`: keys per block, query rows per step, stages, threads.
-pub const BLOCK_N: usize = 128;
+/// `BwdTraits90<D>::kBlockN`: keys per block. D = 256: 64 (both consumers take the same keys,
+/// half the dK / dV columns each: 64 x 256 columns of dK and dV do not fit one consumer's registers).
+pub fn block_n(d: usize) -> usize {
+    if d == 256 {
+        64
+    } else {
+        128
+    }
+}
+
+/// `BwdTraits90<D>`: query rows per step, stages, threads.
 pub const BLOCK_M: usize = 64;
 pub const STAGES: usize = 2;
 pub const THREADS: u32 = 384;
 
-/// `BwdTraits90<D>::kSmemBytes`: K, V, the Q and dO stages, two dS buffers, the lse and delta
-/// stages, the per-key flags, the mbarriers, 1 KiB to align the atoms.
-pub fn bwd_smem_bytes(d: usize) -> u32 {
-    let kv = BLOCK_N * d * 2;
+/// `BwdTraits90<D, F>::kSmemBytes`: K, V, the Q and dO stages, two dS buffers, the lse and delta
+/// stages, the per-key flags, the mbarriers, (feature sets) each key's visible query rows, 1 KiB to
+/// align the atoms.
+pub fn bwd_smem_bytes(d: usize, features: FeatureSet) -> u32 {
+    let n = block_n(d);
+    let kv = n * d * 2;
     let q = BLOCK_M * d * 2;
-    let ds = BLOCK_M * BLOCK_N * 2;
+    let ds = BLOCK_M * n * 2;
     let barriers = 2 + 2 * STAGES;
-    (2 * kv + 2 * STAGES * q + 2 * ds + 2 * STAGES * BLOCK_M * 4 + BLOCK_N * 4 + barriers * 8 + 1024) as u32
+    let key_rows = if features == FeatureSet::PLAIN { 0 } else { 2 * n * 4 };
+    (2 * kv + 2 * STAGES * q + 2 * ds + 2 * STAGES * BLOCK_M * 4 + n * 4 + barriers * 8 + key_rows + 1024) as u32
 }
 
-/// Why the sm90 backward cannot run this call, or Ok. Every feature set has an image at D = 64 and
-/// 128 (kernels/sm90/generate.py), spill-free within the register split (sass_stats.py
+/// Why the sm90 backward cannot run this call, or Ok. Every feature set has an image at D = 64, 128
+/// and 256 (kernels/sm90/generate.py), spill-free within the register split (sass_stats.py
 /// --check-spills --check-regpool).
 pub fn sm90_bwd_supports(cc: (i32, i32), dtype: ElementType, shape: &AttnShape) -> Result<(), String> {
     check_sm90a_device(cc)?;
@@ -72,10 +84,10 @@ pub fn backward_path_summary(setting: Result<PathOverride, String>) -> String {
     match setting {
         Ok(PathOverride::OptInSm90) => "backward: sm90 (wgmma/TMA, EXLA_RS_CUDA_PATH=sm90: the plain set passed test/gpu on an H200 and awaits a clean \
                                         racecheck run there before auto takes it; the key_mask/bias/dbias/ALiBi/dropout sets have run only on \
-                                        the GPU-on-CPU executor) on compute capability 9.0 for f16/bf16 calls with D = 64 or 128, \
+                                        the GPU-on-CPU executor; D = 256 too) on compute capability 9.0 for f16/bf16 calls with D = 64, 128 or 256, \
                                         optional operands included; mma.sync for every other backward"
             .into(),
-        _ => "backward: mma.sync (EXLA_RS_CUDA_PATH=sm90 opts in to the sm90 backward at D = 64/128 on compute capability 9.0)".into(),
+        _ => "backward: mma.sync (EXLA_RS_CUDA_PATH=sm90 opts in to the sm90 backward at D = 64/128/256 on compute capability 9.0)".into(),
     }
 }
 
@@ -126,9 +138,9 @@ pub unsafe fn launch(dev: &dyn LaunchTarget, dtype: ElementType, shape: &AttnSha
     let d = shape.head_dim;
     let tq = dev.encode_tiled(&tiled_map_args(dtype, p.q as u64, shape.batch, shape.seq_q, shape.heads, d, BLOCK_M))?;
     let tdo = dev.encode_tiled(&tiled_map_args(dtype, p.d_o as u64, shape.batch, shape.seq_q, shape.heads, d, BLOCK_M))?;
-    let tk = dev.encode_tiled(&tiled_map_args(dtype, p.k as u64, shape.batch, shape.seq_k, shape.kv_heads, d, BLOCK_N))?;
-    let tv = dev.encode_tiled(&tiled_map_args(dtype, p.v as u64, shape.batch, shape.seq_k, shape.kv_heads, d, BLOCK_N))?;
-    let smem = bwd_smem_bytes(d);
+    let tk = dev.encode_tiled(&tiled_map_args(dtype, p.k as u64, shape.batch, shape.seq_k, shape.kv_heads, d, block_n(d)))?;
+    let tv = dev.encode_tiled(&tiled_map_args(dtype, p.v as u64, shape.batch, shape.seq_k, shape.kv_heads, d, block_n(d)))?;
+    let smem = bwd_smem_bytes(d, features);
     let (file, kernel) = kernel_name(dtype, d, features);
     let f = dev.function(file, kernel, smem)?;
     let mut args = [
@@ -138,7 +150,7 @@ pub unsafe fn launch(dev: &dyn LaunchTarget, dtype: ElementType, shape: &AttnSha
         &tv as *const TensorMap as *mut c_void,
         &tdo as *const TensorMap as *mut c_void,
     ];
-    let grid = (shape.seq_k.div_ceil(BLOCK_N) as u32, shape.kv_heads as u32, shape.batch as u32);
+    let grid = (shape.seq_k.div_ceil(block_n(d)) as u32, shape.kv_heads as u32, shape.batch as u32);
     dev.launch(f, kernel, grid, THREADS, smem, &mut args)
 }
 
@@ -161,7 +173,7 @@ mod tests {
                 assert!(!choose_backward((8, 0), dt, &shape(d), PathOverride::OptInSm90));
                 assert!(!choose_backward(H100, dt, &AttnShape { seq_q: 0, ..shape(d) }, PathOverride::OptInSm90));
             }
-            for d in [32, 96, 256] {
+            for d in [32, 96, 192] {
                 assert!(!choose_backward(H100, dt, &shape(d), PathOverride::OptInSm90), "{dt} d{d}");
             }
         }
@@ -181,28 +193,39 @@ mod tests {
                     assert!(kernels.insert(kernel), "{kernel} twice");
                 }
             }
-            assert!(sm90_backward_kernel(dt, 256, FeatureSet::PLAIN).is_none());
+            assert!(sm90_backward_kernel(dt, 192, FeatureSet::PLAIN).is_none());
         }
         assert!(sm90_backward_kernel(ElementType::F32, 64, FeatureSet::PLAIN).is_none());
-        assert_eq!(kernels.len(), 16);
+        assert_eq!(kernels.len(), 24);
         assert!(backward_path_summary(Ok(PathOverride::Auto)).starts_with("backward: mma.sync"));
         assert!(backward_path_summary(Ok(PathOverride::OptInSm90)).contains("optional operands included"));
     }
 
     #[test]
     fn smem_mirrors_the_kernel_traits_and_fits_an_h100_block() {
-        assert_eq!(bwd_smem_bytes(128), 2 * 32768 + 4 * 16384 + 2 * 16384 + 4 * 256 + 512 + 6 * 8 + 1024);
+        const P: FeatureSet = FeatureSet::PLAIN;
+        assert_eq!(bwd_smem_bytes(128, P), 2 * 32768 + 4 * 16384 + 2 * 16384 + 4 * 256 + 512 + 6 * 8 + 1024);
+        // D = 256: 64-key blocks; K, V (32 KiB each), 2 stages of Q and dO (32 KiB each), 2 dS (8 KiB).
+        assert_eq!(bwd_smem_bytes(256, P), 2 * 32768 + 4 * 32768 + 2 * 8192 + 4 * 256 + 256 + 6 * 8 + 1024);
+        assert_eq!((block_n(64), block_n(128), block_n(256)), (128, 128, 64));
         for d in SM90_BWD_HEAD_DIMS {
-            assert!(bwd_smem_bytes(d) <= 227 * 1024, "d{d}");
+            for f in FeatureSet::ALL {
+                // The feature sets add each key's query rows (two i32 per key).
+                let rows = if f == P { 0 } else { 8 * block_n(d) as u32 };
+                assert_eq!(bwd_smem_bytes(d, f), bwd_smem_bytes(d, P) + rows);
+                assert!(bwd_smem_bytes(d, f) <= 227 * 1024, "d{d} {f:?}");
+            }
         }
         let src = crate::embedded::find("sm90_bwd_bf16_d128").unwrap().source;
         for needle in [
-            "kBlockN = kKeysPerConsumer * kConsumers",
+            "kBlockN = kSharedKeys ? kKeysPerConsumer : kKeysPerConsumer * kConsumers",
+            "kSharedKeys = D == 256",
+            "kKeyRowsBytes = F != 0 ? 2 * kBlockN * 4 : 0",
+            "kSmemBytes = kKeyRowsOffset + kKeyRowsBytes + 1024",
             "kKeysPerConsumer = 64",
             "kBlockM = 64",
             "kStages = 2",
             "kBarriers = 2 + 2 * kStages",
-            "kSmemBytes = kBarOffset + kBarriers * 8 + 1024",
             "kKbadOffset = kDeltaOffset + kStages * kBlockM * 4",
         ] {
             assert!(src.contains(needle), "BwdTraits90 changed ({needle}): update sm90_bwd.rs");
