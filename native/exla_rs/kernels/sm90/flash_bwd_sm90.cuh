@@ -16,10 +16,10 @@
 //     dS^T -> shared memory as dS [query][key] (K-major), then dQ = dS K: wgmma SS with B
 //       MN-major (K as stored); D = 128: consumer c takes dQ columns [64c, +64) over all 128 keys,
 //       D = 64: consumer c takes all 64 columns over its own 64 keys, D = 256: columns
-//       [128c, +128) over the block's 64 keys, in two products of 64 columns. The f32 dQ partials go to
-//       the workspace's dq_accum with red.global.add (the mma.sync backward's pre pass zeroes it
-//       and its convert pass scales and rounds it): not deterministic in the summation order,
-//       like the mma.sync backward.
+//       [128c, +128) over the block's 64 keys, in two products of 64 columns. The f32 dQ
+//       partials go to the workspace's dq_accum with red.global.add (the mma.sync backward's pre
+//       pass zeroes it and its convert pass scales and rounds it): not deterministic in the
+//       summation order, like the mma.sync backward.
 // Semantics are the contract's (docs/flash-attention-contract.md), treated as flash_bwd.cuh's
 // general loop treats them: K rows past kv_len and non-finite K elements are zeroed in shared
 // memory (0 * inf in dS K would leak NaN into rows that do not see the key) and rows that see a
@@ -287,7 +287,7 @@ EXLA_RS_SM90 void bwd_consumer(const BwdParams& p, const BwdSweep& sw, const Mas
     mask.keys_rows(n0 + key_local, n0 + key_local + 1, qlo[0], qhi[0]);
     mask.keys_rows(n0 + key_local + 8, n0 + key_local + 9, qlo[1], qhi[1]);
     // key_mask: a key it hides is seen by no query; km_full: it hides none of this warp's 16 keys
-    // (warp-uniform; a condition of the lean step).
+    // (warp-uniform; with the window test below, the step's `full`).
     constexpr bool kMasks = (F & kFeatMasks) != 0, kDrop = (F & kFeatDropout) != 0;
     const ExtraParams& x = p.x;
     bool km_full = true;
@@ -305,13 +305,14 @@ EXLA_RS_SM90 void bwd_consumer(const BwdParams& p, const BwdSweep& sw, const Mas
     }
     int* s_qlo = reinterpret_cast<int*>(smem + Tr::kKeyRowsOffset);  // feature sets: [kBlockN] lo, then hi
     if constexpr (F != 0) {
-      if (!Tr::kSharedKeys || consumer == 0)
+      // One writer per key: the quad's 4 lanes hold the same two keys (D = 256: both consumers).
+      if ((!Tr::kSharedKeys || consumer == 0) && lane % 4 == 0)
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
           s_qlo[key_local + 8 * r] = qlo[r];
           s_qlo[Tr::kBlockN + key_local + 8 * r] = qhi[r];
         }
-      if constexpr (Tr::kSharedKeys) named_sync(Tr::kKCheckBarrier, 256);  // consumer 1 reads consumer 0's
+      named_sync(Tr::kKCheckBarrier, 256);
     }
     const bool has_bias = kMasks && x.bias != nullptr, has_alibi = kMasks && x.alibi_slopes != nullptr;
     const bool has_drop = kDrop && x.dropout_key != nullptr, has_dbias = kMasks && p.dbias_accum != nullptr;
@@ -359,8 +360,8 @@ EXLA_RS_SM90 void bwd_consumer(const BwdParams& p, const BwdSweep& sw, const Mas
 
       // P^T and dS^T (without the final scale, applied by the convert pass and to dK). In the
       // plain set, a tile every row of which sees every key of this consumer's slice, without
-      // softcap and with the thread's K rows finite, takes the lean step: no mask test, no softcap, only the lse = -inf
-      // select (a hidden row's dP may be NaN: a select, not a product).
+      // softcap and with the thread's K rows finite, takes the lean step: no mask test, no
+      // softcap, only the lse = -inf select (a hidden row's dP may be NaN: a select, not a product).
       const bool full = km_full && mask.tile_full(m0, m0 + BM, wg_n0, wg_n0 + Tr::kKeysPerConsumer);
       if constexpr (F != 0) {
         // This thread's keys: non-finite K rows, visible query rows (shared memory, Traits).
