@@ -1,7 +1,7 @@
 //! The Hopper backward (`kernels/sm90/flash_bwd_sm90.cuh`, sm_90a: wgmma for all five products,
 //! TMA loads of K/V and of Q/dO per query tile on an mbarrier ring, a producer warp and two consumer
 //! warpgroups with setmaxnreg): which calls take it, its tiles (the Rust mirror of
-//! `sm90::BwdTraits90<D>`: change both) and the launch. The mma.sync backward's pre pass (delta,
+//! `sm90::BwdTraits90<D, F>`: change both) and the launch. The mma.sync backward's pre pass (delta,
 //! dq_accum zeroed) and convert pass (dq = scale * dq_accum) run around it unchanged, and so do the
 //! dbias passes (zero the f32 accumulator, round it into dbias) of a call with `bias_grad`.
 //!
@@ -9,8 +9,8 @@
 //! D = 64, 128 or 256, in every feature set ([`FeatureSet`]: key_mask, bias with dbias, ALiBi, dropout,
 //! one instantiation each, as the mma.sync backward has); `auto` and `mma` keep every backward on
 //! mma.sync until it has passed `test/gpu` and the sanitizers on Hopper. The feature sets
-//! (issue 32, part 3) have run only on the GPU-on-CPU executor so far.
-//! On an H200 (2026-11-28) it passed `test/gpu` and memcheck, synccheck and initcheck, and ran
+//! (issue 32, part 3) and D = 256 have run only on the GPU-on-CPU executor so far.
+//! On an H200 (2026-11-28) the plain set at D = 64 and 128 passed `test/gpu` and memcheck, synccheck and initcheck, and ran
 //! 1.50-1.57x the mma.sync backward at D = 128 (0.95-0.99x FlashAttention-2) but 0.82-0.88x at
 //! D = 64. racecheck reported the lse / delta stage rows (one lane per warp arrived on the stage
 //! barriers); every thread now arrives itself. `auto` waits for a clean racecheck run of that, and
@@ -38,7 +38,7 @@ pub fn block_n(d: usize) -> usize {
     }
 }
 
-/// `BwdTraits90<D>`: query rows per step, stages, threads.
+/// `BwdTraits90<D, F>`: query rows per step, stages, threads.
 pub const BLOCK_M: usize = 64;
 pub const STAGES: usize = 2;
 pub const THREADS: u32 = 384;
