@@ -88,7 +88,7 @@ run_shards() { # run_shards DIR FN: FN I for I < $JOBS side by side, output to D
 sharded_tests() { # sharded_tests PATH: test/gpu with EXLA_RS_CUDA_PATH=PATH
   # The longest steps: $JOBS shards side by side (conftest.py's EXLA_RS_TEST_SHARD), then the
   # coverage test on the union of the kernels they launched; the last line sums the runs. The sm90
-  # run holds 276 tests since the sm90 backward and the forward's feature sets (issue 32).
+  # run holds 294 tests since the sm90 backward's feature sets and D = 256 (issue 32).
   local path=$1 dir=$LOGS/tests-$1.shards rc=0
   rm -rf "$dir" && mkdir -p "$dir"
   one_shard() { pytest_gpu EXLA_RS_CUDA_PATH="$path" EXLA_RS_TEST_SHARD="$1/$JOBS" EXLA_RS_TEST_LAUNCHES_DIR="$dir"; }

@@ -48,7 +48,7 @@ TEST_FILE = "test/gpu/test_cuda_xla.py"
 TOOLS = ("memcheck", "racecheck", "synccheck", "initcheck")
 # Tests under the sanitizers: together they launch every kernel image at least once (the plain,
 # mask and dropout feature sets of each dtype and head dim, forward and backward, the auxiliary
-# kernels, and with EXLA_RS_CUDA_PATH=sm90 each sm90 forward image and the sm90 backward), at
+# kernels, and with EXLA_RS_CUDA_PATH=sm90 each sm90 forward and backward image), at
 # small sizes: the backward test runs the forward first, the extras and dropout tests run both
 # passes.
 SANITIZE_MMA = re.compile(
@@ -56,9 +56,9 @@ SANITIZE_MMA = re.compile(
     r"|test_extras_forward_and_backward_match_float64\[feature_set_mask-d(32|64|96|128|192|256)-(f16|bf16|f32)\]"  # mask sets, dbias
     r"|test_dropout_forward_backward_match_float64\[(plain|everything)-(32|64|96|128|192|256)-(f16|bf16)\]")  # drop, mask_drop sets
 SANITIZE_SM90 = re.compile(
-    r"test_backward_matches_float64_reference\[d(64|128|256)_ragged-(f16|bf16)_1\]"  # plain sets, the sm90 backward (D = 64, 128)
-    r"|test_extras_forward_and_backward_match_float64\[feature_set_mask-d(64|128|256)-(f16|bf16)\]"  # _mask sets (issue 32, part 3)
-    r"|test_dropout_forward_backward_match_float64\[(plain|everything)-(64|128)-(f16|bf16)\]")  # _drop, _mask_drop sets (none at D = 256)
+    r"test_backward_matches_float64_reference\[d(64|128|256)_ragged-(f16|bf16)_1\]"  # plain sets, the sm90 backward (D = 64, 128, 256)
+    r"|test_extras_forward_and_backward_match_float64\[feature_set_mask-d(64|128|256)-(f16|bf16)\]"  # _mask sets, fwd and bwd (issue 32, part 3)
+    r"|test_dropout_forward_backward_match_float64\[(plain|everything)-(64|128|256)-(f16|bf16)\]")  # _drop, _mask_drop sets, fwd and bwd (D = 256: bwd only)
 NVRTC_SELECT = re.compile(r"test_(forward|backward)_matches_float64_reference\[d(32|64|96|128|192|256)_ragged-(bf16|f32)_0\]")
 OUTCOMES = ("passed", "failed", "error", "skipped", "hung", "crashed", "not run")
 

@@ -64,7 +64,7 @@ SM90_CPU_RUN = PLATFORM == "cuda-on-cpu" and os.environ.get("EXLA_RS_CUDA_PATH",
 SM90_DIMS = (64, 128, 256)
 
 
-SM90_BWD_DIMS = (64, 128)  # sm90_bwd.rs SM90_BWD_HEAD_DIMS
+SM90_BWD_DIMS = (64, 128, 256)  # sm90_bwd.rs SM90_BWD_HEAD_DIMS
 
 
 def dt_name(dt) -> str:
@@ -80,36 +80,44 @@ def skip_unless_sm90_forward(dt, d: int, optional_operands: bool = False, forwar
     dim reaches them when its kernel head dim is an sm90 one: 40 runs on 64). The sm90 forward has
     every feature set, but dropout at D = 256 (sm90.rs sm90_has_set: its calls run the mma.sync
     forward), so `optional_operands` alone no longer skips a forward test. `sm90_backward_d`: the
-    head dim of the test's backward calls; the test is kept when they reach the sm90 backward."""
-    if SM90_CPU_RUN and sm90_backward_d is not None and reaches_sm90_backward(dt_name(dt), sm90_backward_d, optional_operands):
+    head dim of the test's backward calls; the test is kept when they reach the sm90 backward
+    (which has every feature set too)."""
+    if SM90_CPU_RUN and sm90_backward_d is not None and reaches_sm90_backward(dt_name(dt), sm90_backward_d):
         return
     kd = ex.kernel_head_dim(d)
     if SM90_CPU_RUN and (dt_name(dt) == "f32" or kd not in SM90_DIMS or not forward_only_test or (dropout and kd == 256)):
         pytest.skip("sm90 cuda-on-cpu run: these calls run the mma.sync/SIMT kernels the default run checks")
 
 
-def reaches_sm90_backward(dt: str, d: int, optional_operands: bool = False) -> bool:
-    return dt in ("f16", "bf16") and ex.kernel_head_dim(d) in SM90_BWD_DIMS and not optional_operands
+def reaches_sm90_backward(dt: str, d: int) -> bool:
+    """Whether EXLA_RS_CUDA_PATH=sm90 runs a backward of (dt, d) on the sm90 kernels, whatever its
+    optional operands (sm90_bwd.rs: every feature set at D = 64, 128 and 256)."""
+    return dt in ("f16", "bf16") and ex.kernel_head_dim(d) in SM90_BWD_DIMS
 
 
-def sm90_backward_launches(dt: str, d: int) -> int:
-    """How often the sm90 backward kernel of (dt, d) ran so far (0 off the cuda-on-cpu platform)."""
+def sm90_backward_launches(dt, d: int, suffix: str = "") -> int:
+    """How often the sm90 backward image of (dt, d) and feature set `suffix` ("", "_mask", "_drop",
+    "_mask_drop") ran so far (0 off the cuda-on-cpu platform)."""
+    dt = dt_name(dt)
     if PLATFORM != "cuda-on-cpu" or not reaches_sm90_backward(dt, d):
         return 0
-    return ex.gpusim_launch_counts().get(f"exla_rs_sm90_bwd_{dt}_d{ex.kernel_head_dim(d)}", 0)
+    return ex.gpusim_launch_counts().get(f"exla_rs_sm90_bwd_{dt}_d{ex.kernel_head_dim(d)}{suffix}", 0)
 
 
-def assert_sm90_backward_ran(dt: str, d: int, before: int):
-    """In the sm90 cuda-on-cpu run, proves the backward this test checked ran on the sm90 kernel."""
-    if SM90_CPU_RUN and reaches_sm90_backward(dt, d):
-        assert sm90_backward_launches(dt, d) > before, f"the sm90 backward (dt {dt}, d {d}) did not run"
+def assert_sm90_backward_ran(dt, d: int, before: int, suffix: str = ""):
+    """In the sm90 cuda-on-cpu run, proves the backward this test checked ran on the sm90 kernel
+    of feature set `suffix` (`before`: sm90_backward_launches(dt, d, suffix) before the call)."""
+    if SM90_CPU_RUN and reaches_sm90_backward(dt_name(dt), d):
+        assert sm90_backward_launches(dt, d, suffix) > before, f"the sm90 backward (dt {dt_name(dt)}, d {d}, set {suffix or 'plain'}) did not run"
 
 
-def sm90_forward(fn, suffix: str):
+def sm90_forward(fn, suffix: str, d: int | None = None):
     """fn() (a forward call) run to completion; in the sm90 cuda-on-cpu run also the proof of the
     path it took: the sm90 image of feature set `suffix` ("", "_mask", "_drop", "_mask_drop"), or
-    for a decode-sized call the split-KV kernels, which take such calls first on every path."""
-    if not SM90_CPU_RUN:
+    for a decode-sized call the split-KV kernels, which take such calls first on every path. `d`:
+    the call's head dim, where a dropout call may have none (D = 256: the mma.sync forward runs
+    it, sm90.rs sm90_has_set; such a test is in this run for its sm90 backward)."""
+    if not SM90_CPU_RUN or (d is not None and "drop" in suffix and ex.kernel_head_dim(d) == 256):
         return fn()
     import re
 
@@ -654,7 +662,9 @@ def test_extras_forward_and_backward_match_float64(case, extra, dt):
         return
     shapes = [(x.q.shape, x.q.dtype), (x.k.shape, x.k.dtype), (x.v.shape, x.v.dtype)] + ([(ext["bias"].shape, ext["bias"].dtype)] if want_db else [])
     poison(*shapes)
+    before = sm90_backward_launches(dt, case.d, "_mask")
     grads = ex.flash_attn_bwd(q, k, v, kv, qs, o, lse, do, platform=PLATFORM, **x.kw, **gext, bias_grad=want_db)
+    assert_sm90_backward_ran(dt, case.d, before, "_mask")
     refs = reference_grads(x, ext)
     assert_grads(x, dt, grads[:3], refs[:3], ctx, masked=masked)
     if want_db:
@@ -702,7 +712,9 @@ def test_key_mask_tile_gaps_and_nonfinite_values_at_hidden_keys(d, dt):
         poison((x.q.shape, x.q.dtype), ((b, h, sq), np.float32))
         o, lse = sm90_forward(lambda: ex.flash_attn_fwd(q, k, v, kv, qs, platform=PLATFORM, **x.kw, **gext), "_mask")
         poison((x.q.shape, x.q.dtype), (x.k.shape, x.k.dtype), (x.v.shape, x.v.dtype), (bias.shape, ext["bias"].dtype))
+        before = sm90_backward_launches(dt, d, "_mask")
         grads = ex.flash_attn_bwd(q, k, v, kv, qs, o, lse, do, platform=PLATFORM, **x.kw, **gext, bias_grad=True)
+        assert_sm90_backward_ran(dt, d, before, "_mask")
         return [o, lse, *grads]
 
     clean = run(x.k, x.v)
@@ -837,7 +849,9 @@ def test_dropout_ties_are_decided_by_the_lower_half(dt):
             o, lse = ex.flash_attn_fwd(gq, gk, gv, gkv, gqs, **kw)
             fwd = np.asarray(o, np.float64).transpose(0, 2, 1, 3) > 0  # [B, H, Sq, Sk]
             poison(((b, s, h, s), dt), ((b, s, h, s), dt), ((b, s, h, s), dt))
+            before = sm90_backward_launches(dt, s, "_drop")
             dv = np.asarray(ex.flash_attn_bwd(gq, gk, gv, gkv, gqs, o, lse, gdo, **kw)[2], np.float64)
+            assert_sm90_backward_ran(dt, s, before, "_drop")
             bwd = dv.transpose(0, 2, 3, 1) > 0  # dv[b, j, h, i] -> [B, H, Sq = i, Sk = j]
             assert np.isfinite(np.asarray(o, np.float64)).all() and np.isfinite(dv).all(), f"unwritten or non-finite o / dv ({thr:#x})"
             for what, got in (("forward", fwd), ("backward", bwd)):
@@ -857,7 +871,7 @@ DROPOUT_PARAMS += [pytest.param("everything", d, dt, id=f"everything-padded-{d}-
 
 @pytest.mark.parametrize("name,d,dt", DROPOUT_PARAMS)
 def test_dropout_forward_backward_match_float64(name, d, dt):
-    skip_unless_sm90_forward(dt, d, optional_operands=True, dropout=True)
+    skip_unless_sm90_forward(dt, d, optional_operands=True, dropout=True, sm90_backward_d=d)
     """Forward and backward with dropout (and the other options) against a float64 reference that
     applies philox_ref's mask; the mask of the kernels is the reference's (bit identity above)."""
     need = ["dropout"] + [f for f in ("key_mask", "bias", "alibi_slopes") if DROPOUT_CONFIGS[name].get(f.split("_slopes")[0])]
@@ -881,8 +895,10 @@ def test_dropout_forward_backward_match_float64(name, d, dt):
     g = on_gpu(q, k, v, kv, qs, do, key)
     gext = on_gpu_dict(ext)
     o, lse = sm90_forward(lambda: ex.flash_attn_fwd(*g[:5], platform=PLATFORM, **opt, **gext, dropout_key=g[6], dropout_rate=rate),
-                          "_mask_drop" if ext else "_drop")
+                          "_mask_drop" if ext else "_drop", d)
+    before = sm90_backward_launches(dt, d, "_mask_drop" if ext else "_drop")
     grads = ex.flash_attn_bwd(*g[:5], o, lse, g[5], platform=PLATFORM, **opt, **gext, bias_grad=bias is not None, dropout_key=g[6], dropout_rate=rate)
+    assert_sm90_backward_ran(dt, d, before, "_mask_drop" if ext else "_drop")
     ms = philox_ref.mask(tuple(int(x) for x in key), rate, (b, h, sq, sk)) * float(philox_ref.keep_scale(rate))
     want = dropout_reference(q, k, v, kv, qs, do, ms, scale=opt["scale"], softcap=opt["softcap"], wl=opt["window_left"], wr=opt["window_right"],
                              key_mask=km, bias=bias, slopes=slopes)
@@ -1125,8 +1141,8 @@ def test_every_kernel_was_launched():
     if SM90_CPU_RUN:
         # The tests this run keeps (above) reach every sm90 instantiation: the forward's 2 dtypes x
         # (3 head dims x plain, _mask + 2 head dims x _drop, _mask_drop: D = 256 has no dropout
-        # image) and the backward's 2 dtypes x D = 64, 128.
-        assert len(sm90) == 24, sm90
+        # image) and the backward's 2 dtypes x D = 64, 128, 256 x its 4 feature sets.
+        assert len(sm90) == 44, sm90
         assert not sm90 - ran, f"never launched with EXLA_RS_CUDA_PATH=sm90: {sorted(sm90 - ran)}"
         return
     want = kernels_defined("inst")

@@ -96,20 +96,22 @@ def fwd(dt, d, suffix="", feat=0):
             f"EXLA_RS_KERNEL_ENTRY(exla_rs_sm90_fwd_{dt}_d{d}{suffix})\n")
 
 
-# The sm90 backward (flash_bwd_sm90.cuh): plain feature set, these head dims.
-BWD_HEAD_DIMS = [64, 128]
+# The sm90 backward (flash_bwd_sm90.cuh): these head dims, every feature set (FEATURE_SETS).
+BWD_HEAD_DIMS = [64, 128, 256]
 
 
-def bwd(dt, d):
+def bwd(dt, d, suffix="", feat=0):
+    # As fwd(): the plain set's call keeps its old text.
+    targs = f"exla_rs::{HALF[dt]}, {d}" + (f", {feat}" if feat else "")
     return (f'{HEADER}#include "../flash_bwd_sm90.cuh"\n\n'
             f"extern \"C\" __global__ void __launch_bounds__(exla_rs::sm90::BwdTraits90<{d}>::kThreads, 1)\n"
-            f"exla_rs_sm90_bwd_{dt}_d{d}(const __grid_constant__ exla_rs::BwdParams p,\n"
+            f"exla_rs_sm90_bwd_{dt}_d{d}{suffix}(const __grid_constant__ exla_rs::BwdParams p,\n"
             f"                          const __grid_constant__ exla_rs::sm90::TensorMap tq,\n"
             f"                          const __grid_constant__ exla_rs::sm90::TensorMap tk,\n"
             f"                          const __grid_constant__ exla_rs::sm90::TensorMap tv,\n"
             f"                          const __grid_constant__ exla_rs::sm90::TensorMap tdo) {{\n"
-            f"  exla_rs::sm90::flash_bwd<exla_rs::{HALF[dt]}, {d}>(p, &tq, &tk, &tv, &tdo);\n}}\n"
-            f"EXLA_RS_KERNEL_ENTRY(exla_rs_sm90_bwd_{dt}_d{d})\n")
+            f"  exla_rs::sm90::flash_bwd<{targs}>(p, &tq, &tk, &tv, &tdo);\n}}\n"
+            f"EXLA_RS_KERNEL_ENTRY(exla_rs_sm90_bwd_{dt}_d{d}{suffix})\n")
 
 
 def main():
@@ -124,7 +126,8 @@ def main():
                 if (d, suffix) not in NO_SM90:
                     want[f"sm90_fwd_{dt}_d{d}{suffix}.cu"] = fwd(dt, d, suffix, feat)
         for d in BWD_HEAD_DIMS:
-            want[f"sm90_bwd_{dt}_d{d}.cu"] = bwd(dt, d)
+            for suffix, feat in FEATURE_SETS.items():
+                want[f"sm90_bwd_{dt}_d{d}{suffix}.cu"] = bwd(dt, d, suffix, feat)
     for old in inst.glob("*.cu"):
         if old.name not in want:
             old.unlink()

@@ -222,13 +222,15 @@ pub unsafe fn backward(
         }
         let features = FeatureSet::of(&p.x, dbias_elems.is_some());
         let plan = config::backward_plan(dtype, &ks, features, dbias_elems);
-        // Hopper, opted in (src/sm90_bwd.rs): the pre pass, the sm90 main kernel, the convert pass.
-        if features == FeatureSet::PLAIN && plan.len() == 3 && crate::sm90_bwd::takes(dev, dtype, &ks, false)? {
-            run(dev, &plan[..1], &p)?;
-            crate::sm90_bwd::launch(dev, dtype, &ks, &p)?;
-            run(dev, &plan[2..], &p)?;
-        } else {
-            run(dev, &plan, &p)?;
+        // Hopper, opted in (src/sm90_bwd.rs): the sm90 main kernel in place of the mma.sync one, the
+        // passes around it (dbias zero, pre; convert, dbias round) unchanged.
+        match plan.iter().position(|l| l.file.starts_with("bwd_")) {
+            Some(i) if crate::sm90_bwd::takes(dev, dtype, &ks)? => {
+                run(dev, &plan[..i], &p)?;
+                crate::sm90_bwd::launch(dev, dtype, &ks, features, &p)?;
+                run(dev, &plan[i + 1..], &p)?;
+            }
+            _ => run(dev, &plan, &p)?,
         }
         if let Some(l) = &pad {
             for (rows, src, dst) in [(q_rows, l.dq, bufs.dq), (kv_rows, l.dk, bufs.dk), (kv_rows, l.dv, bufs.dv)] {

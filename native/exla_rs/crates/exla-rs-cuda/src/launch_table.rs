@@ -31,8 +31,11 @@ pub fn every_launch() -> Vec<KernelLaunch> {
                 // Two splits: the split kernel and its combine pass.
                 launches.extend(split::plan(dtype, &s, f, 2));
             }
-            if let Some((file, kernel)) = sm90_bwd::sm90_backward_kernel(dtype, d) {
-                launches.push(Launch { file, kernel, grid: (1, 1, 1), block: sm90_bwd::THREADS, smem: sm90_bwd::bwd_smem_bytes(d) });
+            // The sm90 backward's feature sets.
+            for f in FeatureSet::ALL {
+                if let Some((file, kernel)) = sm90_bwd::sm90_backward_kernel(dtype, d, f) {
+                    launches.push(Launch { file, kernel, grid: (1, 1, 1), block: sm90_bwd::THREADS, smem: sm90_bwd::bwd_smem_bytes(d, f) });
+                }
             }
             // The sm90 forward's feature sets (D = 256 has no dropout set).
             for f in FeatureSet::ALL {

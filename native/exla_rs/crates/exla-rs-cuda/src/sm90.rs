@@ -1,7 +1,7 @@
 //! The Hopper forward (`kernels/sm90`, sm_90a: wgmma, TMA, warp specialisation): which calls take
 //! it, its tiles (the Rust mirror of `sm90::FwdTraits` in kernels/sm90/flash_fwd_sm90.cuh: change
 //! both), the TMA tensor maps, the persistent grid and the launch. Everything else stays on the
-//! mma.sync kernels (launch.rs), and so does the backward.
+//! mma.sync kernels (launch.rs); the backward's sm90 path is sm90_bwd.rs.
 //!
 //! `EXLA_RS_CUDA_PATH` (read at every forward call, so a benchmark can switch it between runs):
 //! unset / `auto` = the sm90 forward for the (dtype, head dim) pairs of [`AUTO_SM90_VERIFIED`],
@@ -11,9 +11,9 @@
 //! key_mask, bias, ALiBi, dropout), verified or not, mma.sync for every other call; `mma` = always
 //! the mma.sync kernels. `auto` runs a call with optional operands (the masked / dropout feature
 //! sets, [`FeatureSet`]) on sm90 only for the entries of [`AUTO_SM90_VERIFIED_SETS`]. The
-//! backward has only the mma.sync path. Calls with no query rows or no keys run on mma.sync under
-//! every setting: no tensor map describes an empty tensor, and the mma.sync kernels already write
-//! their `o = 0`, `lse = -inf`.
+//! backward takes its sm90 kernels only under `sm90` (sm90_bwd.rs). Calls with no query rows or
+//! no keys run on mma.sync under every setting: no tensor map describes an empty tensor, and the
+//! mma.sync kernels already write their `o = 0`, `lse = -inf`.
 
 use crate::config::FeatureSet;
 use crate::params::FwdParams;
@@ -198,8 +198,8 @@ pub fn forward_path_summary(setting: Result<PathOverride, String>, ccs: &[(i32, 
         Ok(PathOverride::ForceMma) => "mma.sync for every call (EXLA_RS_CUDA_PATH=mma)".into(),
         Ok(PathOverride::OptInSm90) if hopper => "sm90 (wgmma/TMA) on compute capability 9.0 for f16/bf16 forward calls with D = 64, 128 or 256, \
                                                   key_mask/bias/ALiBi/dropout included (EXLA_RS_CUDA_PATH=sm90: verified on Hopper or not); \
-                                                  mma.sync for D = 256 with dropout (no sm90 image: its registers), every other call and \
-                                                  every backward"
+                                                  mma.sync for D = 256 with dropout (no sm90 image: its registers) and every other \
+                                                  forward call"
             .into(),
         Ok(PathOverride::OptInSm90) => format!(
             "mma.sync: EXLA_RS_CUDA_PATH=sm90 opts in to the sm90 forward, which needs compute capability 9.0 (sm_90a code); {}",
@@ -495,7 +495,7 @@ mod tests {
             assert!(s.contains("EXLA_RS_CUDA_PATH=sm90") && s.contains("compute capability 9.0"), "{s}");
         }
         let opted = forward_path_summary(Ok(PathOverride::OptInSm90), &[(8, 0), H100]);
-        assert!(opted.starts_with("sm90") && opted.contains("EXLA_RS_CUDA_PATH=sm90") && opted.contains("every backward"), "{opted}");
+        assert!(opted.starts_with("sm90") && opted.contains("EXLA_RS_CUDA_PATH=sm90") && opted.contains("every other forward call"), "{opted}");
         assert!(opted.contains("D = 64, 128 or 256") && opted.contains("verified on Hopper or not"), "{opted}");
         assert!(opted.contains("key_mask/bias/ALiBi/dropout included") && opted.contains("D = 256 with dropout"), "{opted}");
         let ampere = forward_path_summary(Ok(PathOverride::OptInSm90), &[(8, 0)]);

@@ -163,20 +163,50 @@ fn all_cases() -> Vec<Case> {
             v.push(c);
         }
     }
-    // The sm90 backward (issue 32): two key blocks of 128 (the second ragged), query tiles of 64
-    // over a GQA group of 2 (the Q/dO stage ring wraps), opted in; D = 64 causal with softcap and
-    // ragged kv_len / q_start (a K row past kv_len zeroed), D = 128 a two-sided window.
+    // The sm90 backward (issue 32): two key blocks of 128 (the second ragged; D = 256: three of 64),
+    // query tiles of 64 over a GQA group of 2 (the Q/dO stage ring wraps), opted in; D = 64 causal
+    // with softcap and ragged kv_len / q_start (a K row past kv_len zeroed), D = 128 a two-sided
+    // window, D = 256 causal with ragged kv_len.
     for dt in [ElementType::F16, ElementType::BF16] {
-        for d in [64, 128] {
+        for d in [64, 128, 256] {
             let mut c = Case::new(format!("sm90_bwd_{}_d{d}", dt.name()), dt, shape(2, 130, 140, 4, 2, d));
             c.path = Some("sm90");
             if d == 64 {
                 (c.window, c.softcap) = ((-1, 0), 20.0);
                 c.kv_len = Some(vec![133, 70]);
                 c.q_start = Some(vec![5, -3]);
-            } else {
+            } else if d == 128 {
                 c.window = (40, 9);
+            } else {
+                c.window = (-1, 0);
+                c.kv_len = Some(vec![140, 101]);
             }
+            v.push(c);
+        }
+    }
+    // The sm90 backward's feature sets (issue 32, part 3: each its own image), per (dtype, D), past
+    // one query tile and one key block (the Q/dO ring wraps over the GQA group): key_mask (batch row 1 hidden whole: its key blocks sweep nothing) with
+    // bias and dbias in each of the three accumulations (per element; Sqb = 1, per key; Skb = 1,
+    // per query) and ALiBi on every other; dropout alone (causal); everything together.
+    for (n, dt) in [ElementType::F16, ElementType::BF16].into_iter().enumerate() {
+        for (i, d) in [64, 128, 256].into_iter().enumerate() {
+            let m = 3 * n + i;
+            let (sq, sk) = (70, 140);
+            let mut c = Case::new(format!("sm90_bwd_{}_d{d}_mask", dt.name()), dt, shape(2, sq, sk, 4, 2, d));
+            (c.path, c.key_mask, c.dbias, c.alibi) = (Some("sm90"), true, true, m % 2 == 0);
+            c.bias = Some(match m % 3 {
+                0 => ([1, 1, sq, sk], ElementType::F32),
+                1 => ([2, 1, 1, sk], ElementType::BF16),
+                _ => ([1, 4, sq, 1], ElementType::F16),
+            });
+            v.push(c);
+            let mut c = Case::new(format!("sm90_bwd_{}_d{d}_drop", dt.name()), dt, shape(1, sq, sk, 4, 2, d));
+            (c.path, c.dropout, c.window) = (Some("sm90"), 0.2, (-1, 0));
+            v.push(c);
+            let mut c = Case::new(format!("sm90_bwd_{}_d{d}_mask_drop", dt.name()), dt, shape(2, sq, sk, 4, 2, d));
+            (c.path, c.dropout, c.key_mask, c.alibi, c.dbias) = (Some("sm90"), 0.1, true, true, true);
+            c.bias = Some(([1, 1, sq, sk], ElementType::F16));
+            c.kv_len = Some(vec![sk as i32 - 9, sk as i32]);
             v.push(c);
         }
     }
