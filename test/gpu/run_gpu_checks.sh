@@ -5,6 +5,7 @@
 # On a GPU machine (the device tool: no Rust there, so build here and carry the library):
 #   source scripts/env.sh && cargo build --release --manifest-path native/exla_rs/Cargo.toml --workspace
 #   mkdir -p .gpu && cp native/exla_rs/target/release/libexla_rs_xla.so .gpu/ && echo /.gpu/ >> .git/info/exclude
+#   strip .gpu/libexla_rs_xla.so   (the tree and .gpu must stay under the 64 MiB carry: see README.md)
 #   optional, the NVRTC path: EXLA_RS_CUDA_NVCC=0 cargo build --release --manifest-path native/exla_rs/Cargo.toml \
 #       -p exla-rs-xla --target-dir /tmp/nvrtc-target && cp /tmp/nvrtc-target/release/libexla_rs_xla.so .gpu/libexla_rs_xla_nvrtc.so
 #   run(command="bash test/gpu/run_gpu_checks.sh", carry=[".gpu"], timeout_s=560)
