@@ -5,7 +5,8 @@
     .venv/bench/bin/python bench/bench_host.py --torch --sizes 2048 --no-write --dims 64
 
 Peer: `torch.nn.functional.scaled_dot_product_attention` on CPU (its flash kernel for f32/bf16),
-`torch.set_num_threads(os.cpu_count())`; ours: `exla_rs_jax.attention` under `jax.jit` (the
+`torch.set_num_threads` to the cores this process may run on (`taskset -c 0 ...` runs both
+sides on one core, as rayon follows the same affinity); ours: `exla_rs_jax.attention` under `jax.jit` (the
 `exla_rs_flash_attn_fwd/bwd` targets; `jax.grad` runs our backward). One process, the same numbers
 (fresh standard-normal draws per configuration), each side in its own contiguous layout
 (ours `[B, S, H, D]`, PyTorch `[B, H, S, D]`). The two sides alternate in blocks of reps, so load from
@@ -32,8 +33,13 @@ DECODE_B, DECODE_HQ, DECODE_HKV, DECODE_D = 8, 32, 8, 128
 def _torch():
     import torch
 
-    torch.set_num_threads(os.cpu_count())
+    torch.set_num_threads(cores())
     return torch
+
+
+def cores() -> int:
+    """The cores this process may run on (its affinity), which is what rayon's pool takes too."""
+    return len(os.sched_getaffinity(0))
 
 
 def _dtypes(name: str):
@@ -222,7 +228,7 @@ def run(args, machine: str, append_section) -> None:
         lines.append("")
     lines += [
         f"Decode: one query row per sequence, B={DECODE_B}, {DECODE_HQ} query heads on {DECODE_HKV} kv heads, D={DECODE_D}; GB/s = K+V bytes / time; "
-        f"the machine's read bandwidth (PyTorch `sum` over 1 GiB, {os.cpu_count()} threads): {bw:.1f} GB/s.",
+        f"the machine's read bandwidth (PyTorch `sum` over 1 GiB, {cores()} threads): {bw:.1f} GB/s.",
         "",
         "| Sk | dtype | K+V MiB | ours ms | ours GB/s | PyTorch ms | PyTorch GB/s | ratio |",
         "|---:|---|---:|---:|---:|---:|---:|---:|",
