@@ -2,13 +2,15 @@
 //! [S] [reps] [D]`. B=1, H=8, D=64 by default, f32, causal and not. `EXLA_RS_HOST_ISA=avx2|scalar` narrows the ISA.
 //! `host_bench decode [Sk] [reps]`: one query row per sequence, B=8, 32 query heads on 8 kv heads,
 //! D=128, f32 and bf16 (or the one named after the numbers), in GB/s of K+V read.
-//! `host_bench fwd [S] [reps] [D]`: the forward alone.
-//! `host_bench peak`: this core's f32 FMA peak (12 independent AVX2 FMA chains, registers only),
-//! the roofline the f32 kernels are held against.
+//! `host_bench fwd [S] [reps] [D]`: the forward alone. A `bf16` or `f16` anywhere in the arguments
+//! times that input type instead of f32 (the same random values, rounded).
+//! `host_bench peak`: this core's f32 FMA peak (independent AVX2 and AVX-512 FMA chains,
+//! registers only), the roofline the f32 kernels are held against, and the dot-product units'
+//! rates (`exla_rs_attn::host::unit_rates`: AMX, AVX512-BF16) the 16-bit kernels are held against.
 //! `host_bench bandwidth [MiB] [reps]`: this machine's read bandwidth, every core summing its share
 //! of one f32 buffer (1 GiB by default, far past the caches): the roof decode is held against.
 
-use exla_rs_attn::host::{backward, forward, BwdInputs, BwdOutputs, FwdInputs, FwdOutputs};
+use exla_rs_attn::host::{backward, forward, BwdInputs, BwdOutputs, FwdInputs, FwdOutputs, HostElement};
 use exla_rs_attn::{AttnOptions, AttnShape};
 use std::time::Instant;
 
@@ -70,6 +72,26 @@ unsafe fn fma_peak() -> f64 {
     (iters * 12 * 16) as f64 / s / 1e9
 }
 
+/// GFLOP/s of one core running nothing but independent 16-lane FMAs (16 chains: two FMA ports
+/// of 4-cycle latency need 8, more cost nothing).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn fma_peak_avx512() -> f64 {
+    use std::arch::x86_64::*;
+    let mut acc = [_mm512_set1_ps(0.0); 16];
+    let (a, b) = (_mm512_set1_ps(std::hint::black_box(0.999_999)), _mm512_set1_ps(std::hint::black_box(1e-7)));
+    let iters = 25_000_000u64;
+    let t = Instant::now();
+    for _ in 0..iters {
+        for x in acc.iter_mut() {
+            *x = _mm512_fmadd_ps(*x, a, b);
+        }
+    }
+    let s = t.elapsed().as_secs_f64();
+    std::hint::black_box(acc);
+    (iters * 16 * 32) as f64 / s / 1e9
+}
+
 /// The sum of `x`, eight independent AVX2 accumulators (a read loop no core's FP latency limits).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
@@ -126,6 +148,14 @@ fn main() {
             let best = (0..5).map(|_| unsafe { fma_peak() }).fold(0.0, f64::max);
             println!("f32 FMA peak: {best:.1} GFLOP/s per core (AVX2, 12 chains)");
         }
+        if is_x86_feature_detected!("avx512f") {
+            // SAFETY: only called where the CPU has AVX-512F.
+            let best = (0..5).map(|_| unsafe { fma_peak_avx512() }).fold(0.0, f64::max);
+            println!("f32 FMA peak: {best:.1} GFLOP/s per core (AVX-512, 16 chains)");
+        }
+        for r in exla_rs_attn::host::unit_rates() {
+            println!("{}: {:.1} GFLOP/s per core", r.what, r.gflops);
+        }
         return;
     }
     if std::env::args().nth(1).as_deref() == Some("decode") {
@@ -140,21 +170,32 @@ fn main() {
     let s = args.first().copied().unwrap_or(2048);
     let reps = args.get(1).copied().unwrap_or(5);
     let d = args.get(2).copied().unwrap_or(64);
+    match std::env::args().skip(1).find(|a| a == "bf16" || a == "f16").as_deref() {
+        Some("bf16") => time_calls::<half::bf16>(s, reps, d, fwd_only),
+        Some(_) => time_calls::<half::f16>(s, reps, d, fwd_only),
+        None => time_calls::<f32>(s, reps, d, fwd_only),
+    }
+}
+
+/// Times forward (and backward unless `fwd_only`) of B=1, H=8, S×S, head dim `d` in `T`,
+/// causal and not: best wall time of `reps` calls, and the mean CPU time per call.
+fn time_calls<T: HostElement>(s: usize, reps: usize, d: usize, fwd_only: bool) {
     let shape = AttnShape { batch: 1, seq_q: s, seq_k: s, heads: 8, kv_heads: 8, head_dim: d };
     // Successive inputs from successive seeds.
     let mut seed = 0x1234_5678u64;
     let mut rnd = |n: usize| {
         seed += 1;
-        exla_rs_attn::random::uniform_pm1(n, seed)
+        exla_rs_attn::random::uniform_pm1(n, seed).into_iter().map(T::from_f32).collect::<Vec<T>>()
     };
     let (q, k, v, d_o) = (rnd(shape.q_len()), rnd(shape.kv_len()), rnd(shape.kv_len()), rnd(shape.q_len()));
     let kv_len = [s as i32];
     let q_start = [0];
+    let zeros = |n: usize| vec![T::from_f32(0.0); n];
     for causal in [false, true] {
         let opts = AttnOptions { scale: (d as f32).powf(-0.5), softcap: 0.0, window_left: -1, window_right: if causal { 0 } else { -1 } };
-        let mut o = vec![0f32; q.len()];
+        let mut o = zeros(q.len());
         let mut lse = vec![0f32; shape.lse_len()];
-        let (mut dq, mut dk, mut dv) = (vec![0f32; q.len()], vec![0f32; k.len()], vec![0f32; v.len()]);
+        let (mut dq, mut dk, mut dv) = (zeros(q.len()), zeros(k.len()), zeros(v.len()));
         let (mut tf, mut tb) = (f64::INFINITY, f64::INFINITY);
         let (mut cf, mut cb) = (0.0, 0.0);
         for _ in 0..reps {
@@ -181,7 +222,8 @@ fn main() {
         }
         let flops = 4.0 * (s * s * 8 * d) as f64 / if causal { 2.0 } else { 1.0 };
         println!(
-            "S={s} D={d} causal={causal}: fwd {:.1} ms ({:.1} GFLOP/s), bwd {:.1} ms ({:.1} GFLOP/s), fwd+bwd {:.1} ms",
+            "{} S={s} D={d} causal={causal}: fwd {:.1} ms ({:.1} GFLOP/s), bwd {:.1} ms ({:.1} GFLOP/s), fwd+bwd {:.1} ms",
+            std::any::type_name::<T>().rsplit("::").next().unwrap_or("?"),
             tf * 1e3,
             flops / tf / 1e9,
             tb * 1e3,

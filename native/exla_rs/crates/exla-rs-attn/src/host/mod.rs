@@ -62,6 +62,7 @@ mod tiles;
 mod tests;
 
 pub use element::HostElement;
+pub use lowp::peak::{unit_rates, UnitRate};
 
 use crate::{AttnError, AttnOptions, AttnShape, BiasGrad, ElementType, Extras, Pass};
 

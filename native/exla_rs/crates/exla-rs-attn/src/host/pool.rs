@@ -97,6 +97,15 @@ impl Pool {
     }
 }
 
+impl PoolBuf {
+    /// The buffer as 16-bit elements (twice as many; same bytes, contents as unspecified).
+    pub(crate) fn as_u16_mut(&mut self) -> &mut [u16] {
+        // SAFETY: f32's alignment and size are multiples of u16's; every bit pattern is a
+        // valid u16; the borrow of self keeps the buffer alive and unaliased.
+        unsafe { std::slice::from_raw_parts_mut(self.buf.as_mut_ptr().cast::<u16>(), self.buf.len() * 2) }
+    }
+}
+
 impl Drop for PoolBuf {
     fn drop(&mut self) {
         self.pool.give_back(std::mem::take(&mut self.buf));

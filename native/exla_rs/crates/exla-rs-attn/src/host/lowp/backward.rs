@@ -4,18 +4,21 @@
 //! of its GQA group and the query blocks that see the tile; dQ is summed per (batch, head, query
 //! block) under a mutex.
 //!
-//! The five products run on the unit: `S = Q·Kᵀ`, `dP = dO·Vᵀ` (reduction over d),
-//! `dV += Pᵀ·dO`, `dK += dXᵀ·Q` (reduction over the block's query rows), `dQ += dX·K`
-//! (reduction over the tile's keys). `P` and `dX` are rounded to the input type before they
-//! are multiplied (as the CUDA tensor-core kernels do); the row pass (`P`, `dX` from `lse`, `Δ`,
-//! softcap) is the f32 `Isa::bwd_row`; accumulation is f32. `scale` is applied in f32: to S
-//! before the row pass, to dK and dQ when they are written (their operands are the raw inputs,
-//! which a pre-scaled 16-bit copy would round again).
+//! The five products run on the unit, none of them on a transposed per-tile operand:
+//! `S = Q·Kᵀ`, `dP = dO·Vᵀ` (reduction over d; A = Q, dO row-major), `dVᵀ += dOᵀ·P`,
+//! `dKᵀ += Qᵀ·dX` (reduction over the block's query rows; A = Qᵀ, dOᵀ packed once per call, B = P
+//! and dX interleaved by row pairs, [`pack::vnni_rows`]: one vector op per 16 entries where a
+//! transposed P would be a scatter) and `dQ += dX·K` (reduction over the tile's keys; A = dX
+//! row-major). dK and dV are kept transposed (d × keys, f32) per task and written out
+//! transposed once. `P` and `dX` are rounded to the input type before they are multiplied (as
+//! the CUDA tensor-core kernels do); the row pass (`P`, `dX` from `lse`, `Δ`, softcap) is the
+//! f32 `Isa::bwd_row`; accumulation is f32. `scale` is applied in f32: to S before the row
+//! pass, to dK and dQ when they are written (their operands are the raw inputs, which a
+//! pre-scaled 16-bit copy would round again).
 //!
-//! Packed operands ([`super::pack`] layouts; a query block is padded to [`BR`] rows, which is
-//! also [`BC`], so the key-tile packers serve query blocks too):
-//! - per call, per (batch, head): Q and dO row-major (A of `S`, `dP`), and per query block in
-//!   VNNI pairs along the rows (B of `dK`, `dV`);
+//! Packed operands ([`super::pack`] layouts; a query block is padded to [`BR`] rows):
+//! - per call, per (batch, head): Q and dO row-major (A of `S`, `dP`), and per query block
+//!   transposed, `dp × BR` (A of `dKᵀ`, `dVᵀ`);
 //! - per task: K and V as the B of `S`, `dP` (`pack_kt`), K in VNNI pairs along the keys (B of
 //!   `dQ`, `pack_vt`).
 
@@ -28,6 +31,7 @@ use super::super::{BwdInputs, BwdOutputs, HostElement, SyncPtr};
 use super::forward::BR;
 use super::pack::{self, padded_dim, BC};
 use super::tile::{TILE_K, TILE_M, TILE_N};
+use super::rows::narrow16;
 use super::unit::{blocks, TileUnit, UnitScope};
 use crate::{AttnOptions, AttnShape, KeyRange};
 
@@ -37,7 +41,22 @@ const _: () = assert!(BR == BC && BR.is_multiple_of(TILE_K));
 /// Whether the lowp backward takes these operands: all finite. A NaN/inf needs the f32 path's
 /// row-by-row products, which keep it away from the keys/rows that do not see it.
 pub(crate) fn takes<T: HostElement>(inp: &BwdInputs<'_, T>) -> bool {
-    [inp.q, inp.k, inp.v, inp.o, inp.d_o].iter().all(|x| x.iter().all(|v| v.to_f32().is_finite()))
+    [inp.q, inp.k, inp.v, inp.o, inp.d_o].iter().all(|x| all_finite(x))
+}
+
+/// Whether every element of `x` is finite. For the 16-bit types a test of the exponent bits that
+/// compiles to vector code (no early exit inside a chunk): checked per element through f32 with
+/// an early exit, this was 4% of a bf16 backward.
+fn all_finite<T: HostElement>(x: &[T]) -> bool {
+    let exp = match T::TYPE {
+        crate::ElementType::BF16 => 0x7F80u16,
+        crate::ElementType::F16 => 0x7C00u16,
+        _ => return x.iter().all(|v| v.to_f32().is_finite()),
+    };
+    assert_eq!(std::mem::size_of::<T>(), 2);
+    // SAFETY: T is a 2-byte float type (asserted); every bit pattern is a u16.
+    let bits = unsafe { std::slice::from_raw_parts(x.as_ptr().cast::<u16>(), x.len()) };
+    bits.chunks(4096).all(|c| c.iter().fold(false, |bad, &b| bad | (b & exp == exp)) == false)
 }
 
 /// One (batch, head)'s packed query-side operands.
@@ -45,9 +64,9 @@ struct QueryPacks {
     /// Q, dO row-major, `nqb·BR × dp` (rows past Sq are 0).
     qa: Vec<u16>,
     doa: Vec<u16>,
-    /// Q, dO per query block in VNNI pairs along the rows: `nqb × BR·dp`.
-    qv: Vec<u16>,
-    dov: Vec<u16>,
+    /// Q, dO per query block transposed: `nqb × (dp × BR)` (rows past Sq, d past D are 0).
+    qt: Vec<u16>,
+    dot: Vec<u16>,
 }
 
 /// Per-thread scratch.
@@ -56,15 +75,18 @@ struct Scratch {
     kt: Vec<u16>,
     vt: Vec<u16>,
     kv: Vec<u16>,
-    dk: Vec<f32>,
-    dv: Vec<f32>,
+    /// dKᵀ, dVᵀ of the task's keys: `dp × BC` f32.
+    dkt: Vec<f32>,
+    dvt: Vec<f32>,
     s: Vec<f32>,
     dp: Vec<f32>,
     p: Vec<f32>,
-    /// Pᵀ, dXᵀ (A of dV, dK: `BC × BR`) and dX (A of dQ: `BR × BC`), rounded.
-    pt: Vec<u16>,
-    dxt: Vec<u16>,
+    /// P and dX rounded, row-major `BR × BC` (dX: the A of dQ).
+    pa: Vec<u16>,
     dxa: Vec<u16>,
+    /// P and dX as B operands along the query rows ([`pack::vnni_rows`]).
+    pv: Vec<u16>,
+    dxv: Vec<u16>,
     /// This (head, query block)'s share of dQ.
     dq: Vec<f32>,
     ranges: Vec<KeyRange>,
@@ -89,7 +111,7 @@ pub(crate) fn run<T: HostElement, U: TileUnit, K: Isa>(shape: &AttnShape, opts: 
     // Δ = rowsum(dO∘O) and lse·log2(e) per row; the query-side packs per (batch, head).
     let mut di = vec![0f32; batch * h * sq];
     let mut lse2 = vec![0f32; batch * h * sq];
-    let mut packs: Vec<QueryPacks> = (0..batch * h).map(|_| QueryPacks { qa: vec![0; sqp * dp], doa: vec![0; sqp * dp], qv: vec![0; sqp * dp], dov: vec![0; sqp * dp] }).collect();
+    let mut packs: Vec<QueryPacks> = (0..batch * h).map(|_| QueryPacks { qa: vec![0; sqp * dp], doa: vec![0; sqp * dp], qt: vec![0; sqp * dp], dot: vec![0; sqp * dp] }).collect();
     packs.par_iter_mut().zip(di.par_chunks_mut(sq).zip(lse2.par_chunks_mut(sq))).enumerate().for_each(|(bhq, (pk, (di, lse2)))| {
         let (b, hq) = (bhq / h, bhq % h);
         let at = |i: usize| ((b * sq + i) * h + hq) * d;
@@ -97,17 +119,15 @@ pub(crate) fn run<T: HostElement, U: TileUnit, K: Isa>(shape: &AttnShape, opts: 
             lse2[i] = inp.lse[bhq * sq + i] * LOG2_E;
             let src = at(i);
             di[i] = inp.d_o[src..src + d].iter().zip(&inp.o[src..src + d]).map(|(x, y)| x.to_f32() * y.to_f32()).sum();
+            // Row i of block i / BR: row-major, and column i % BR of the block's transpose.
+            let (blk, r) = (i / BR * BR * dp, i % BR);
             for dd in 0..d {
-                pk.qa[i * dp + dd] = pack::bits(elem, inp.q[src + dd].to_f32());
-                pk.doa[i * dp + dd] = pack::bits(elem, inp.d_o[src + dd].to_f32());
+                let (q, d_o) = (pack::src_bits(elem, inp.q[src + dd]), pack::src_bits(elem, inp.d_o[src + dd]));
+                pk.qa[i * dp + dd] = q;
+                pk.doa[i * dp + dd] = d_o;
+                pk.qt[blk + dd * BR + r] = q;
+                pk.dot[blk + dd * BR + r] = d_o;
             }
-        }
-        // The block-of-rows VNNI packs: block qb's rows play the keys of one tile.
-        for qb in 0..nqb {
-            let (i0, rows) = (qb * BR, BR.min(sq - qb * BR));
-            let blk = qb * BR * dp..(qb + 1) * BR * dp;
-            pack::pack_vt(elem, &mut pk.qv[blk.clone()], rows, d, dp, |r| &inp.q[at(i0 + r)..at(i0 + r) + d]);
-            pack::pack_vt(elem, &mut pk.dov[blk], rows, d, dp, |r| &inp.d_o[at(i0 + r)..at(i0 + r) + d]);
         }
     });
     let dq_acc: Vec<Mutex<Vec<f32>>> = (0..batch * h * nqb).map(|_| Mutex::new(vec![0f32; BR * dp])).collect();
@@ -120,14 +140,15 @@ pub(crate) fn run<T: HostElement, U: TileUnit, K: Isa>(shape: &AttnShape, opts: 
             kt: vec![0; BC * dp],
             vt: vec![0; BC * dp],
             kv: vec![0; BC * dp],
-            dk: vec![0.0; BC * dp],
-            dv: vec![0.0; BC * dp],
+            dkt: vec![0.0; dp * BC],
+            dvt: vec![0.0; dp * BC],
             s: vec![0.0; BR * BC],
             dp: vec![0.0; BR * BC],
             p: vec![0.0; BR * BC],
-            pt: vec![0; BC * BR],
-            dxt: vec![0; BC * BR],
+            pa: vec![0; BR * BC],
             dxa: vec![0; BR * BC],
+            pv: vec![0; BR * BC],
+            dxv: vec![0; BR * BC],
             dq: vec![0.0; BR * dp],
             ranges: Vec::with_capacity(BR),
         },
@@ -137,14 +158,13 @@ pub(crate) fn run<T: HostElement, U: TileUnit, K: Isa>(shape: &AttnShape, opts: 
             let j0 = kb * BC;
             let cols = BC.min(sk - j0);
             let at = |j: usize| ((b * sk + j0 + j) * hkv + kvh) * d;
-            for buf in [&mut scr.kt, &mut scr.vt, &mut scr.kv] {
-                buf.fill(0);
-            }
-            pack::pack_kt(elem, &mut scr.kt, cols, d, dp, |j| &inp.k[at(j)..at(j) + d]);
-            pack::pack_kt(elem, &mut scr.vt, cols, d, dp, |j| &inp.v[at(j)..at(j) + d]);
-            pack::pack_vt(elem, &mut scr.kv, cols, d, dp, |j| &inp.k[at(j)..at(j) + d]);
-            scr.dk.fill(0.0);
-            scr.dv.fill(0.0);
+            // The packers write every element (keys past `cols` as zeros).
+            let (krows, vrows) = (pack::Rows { base: &inp.k[at(0)..], stride: hkv * d }, pack::Rows { base: &inp.v[at(0)..], stride: hkv * d });
+            pack::pack_kt(elem, &mut scr.kt, cols, BC, d, dp, krows);
+            pack::pack_kt(elem, &mut scr.vt, cols, BC, d, dp, vrows);
+            pack::pack_vt(elem, &mut scr.kv, cols, BC, d, dp, krows);
+            scr.dkt.fill(0.0);
+            scr.dvt.fill(0.0);
             let (kvl, qst) = (inp.kv_len[b], inp.q_start[b]);
             // SAFETY: the dispatcher offers U only where it runs; the scope ends before return.
             let _unit = unsafe { UnitScope::<U>::enter() };
@@ -173,11 +193,9 @@ pub(crate) fn run<T: HostElement, U: TileUnit, K: Isa>(shape: &AttnShape, opts: 
                     let dst = at(c);
                     let dk = std::slice::from_raw_parts_mut(dk_ptr.get().add(dst), d);
                     let dv = std::slice::from_raw_parts_mut(dv_ptr.get().add(dst), d);
-                    for (o, x) in dk.iter_mut().zip(&scr.dk[c * dp..c * dp + d]) {
-                        *o = T::from_f32(opts.scale * x);
-                    }
-                    for (o, x) in dv.iter_mut().zip(&scr.dv[c * dp..c * dp + d]) {
-                        *o = T::from_f32(*x);
+                    for (dd, (o, v)) in dk.iter_mut().zip(dv.iter_mut()).enumerate() {
+                        *o = T::from_f32(opts.scale * scr.dkt[dd * BC + c]);
+                        *v = T::from_f32(scr.dvt[dd * BC + c]);
                     }
                 }
             }
@@ -202,54 +220,55 @@ pub(crate) fn run<T: HostElement, U: TileUnit, K: Isa>(shape: &AttnShape, opts: 
     });
 }
 
-/// One key tile against one query block: the five products. Adds to the tile's dK/dV, leaves
+/// One key tile against one query block: the five products. Adds to the tile's dKᵀ/dVᵀ, leaves
 /// the block's dQ share (unscaled) in `scr.dq`. Returns whether any row saw a key of the tile.
 #[allow(clippy::too_many_arguments)]
 fn tile<U: TileUnit, K: Isa>(scr: &mut Scratch, opts: &AttnOptions, qp: &QueryPacks, qb: usize, rows: usize, j0: usize, cols: usize, dp: usize, lse2: &[f32], di: &[f32]) -> bool {
     let elem = U::ELEM;
     let mg = rows.div_ceil(TILE_M);
-    let (qa, doa) = (&qp.qa[qb * BR * dp..(qb + 1) * BR * dp], &qp.doa[qb * BR * dp..(qb + 1) * BR * dp]);
-    let (qv, dov) = (&qp.qv[qb * BR * dp..(qb + 1) * BR * dp], &qp.dov[qb * BR * dp..(qb + 1) * BR * dp]);
+    let blk = qb * BR * dp..(qb + 1) * BR * dp;
+    let (qa, doa, qt, dot) = (&qp.qa[blk.clone()], &qp.doa[blk.clone()], &qp.qt[blk.clone()], &qp.dot[blk]);
     // SAFETY: qa/doa hold BR ≥ 16·mg rows of dp; kt/vt BC/16 panels of dp·16; s/dp BR × BC.
     unsafe {
         blocks::<U>(qa.as_ptr(), dp, scr.kt.as_ptr(), dp * TILE_N, scr.s.as_mut_ptr(), BC, mg, BC / TILE_N, dp / TILE_K, false);
         blocks::<U>(doa.as_ptr(), dp, scr.vt.as_ptr(), dp * TILE_N, scr.dp.as_mut_ptr(), BC, mg, BC / TILE_N, dp / TILE_K, false);
     }
-    scr.pt.fill(0);
-    scr.dxt.fill(0);
-    scr.dxa.fill(0);
     let mut any = false;
-    for r in 0..rows {
-        let rg = scr.ranges[r];
+    for r in 0..BR {
+        let (pa, dxa) = (&mut scr.pa[r * BC..(r + 1) * BC], &mut scr.dxa[r * BC..(r + 1) * BC]);
+        let rg = if r < rows { scr.ranges[r] } else { KeyRange { start: 0, end: 0 } };
         let a = rg.start.saturating_sub(j0).min(cols);
         let e = rg.end.saturating_sub(j0).min(cols);
-        if a >= e || !lse2[r].is_finite() {
-            // Masked in this tile, or a row the forward found fully masked: zeros (as filled).
+        if a >= e || !lse2[r.min(rows - 1)].is_finite() || r >= rows {
+            // Masked in this tile, past the block, or a row the forward found fully masked:
+            // P and dX are 0.
+            pa.fill(0);
+            dxa.fill(0);
             continue;
         }
         let (srow, prow) = (&mut scr.s[r * BC..(r + 1) * BC], &mut scr.p[r * BC..(r + 1) * BC]);
         for x in srow.iter_mut() {
             *x *= opts.scale;
         }
-        // SAFETY: rows of BC elements; a < e ≤ cols ≤ BC.
-        unsafe { K::bwd_row(srow.as_mut_ptr(), scr.dp[r * BC..].as_ptr(), prow.as_mut_ptr(), BC, a, e, opts.softcap, lse2[r], di[r]) };
-        for c in a..e {
-            let (pb, xb) = (pack::bits(elem, prow[c]), pack::bits(elem, srow[c]));
-            scr.pt[c * BR + r] = pb;
-            scr.dxt[c * BR + r] = xb;
-            scr.dxa[r * BC + c] = xb;
+        // SAFETY: rows of BC elements (a multiple of 16); a < e ≤ cols ≤ BC; K's features
+        // were detected by the dispatcher.
+        unsafe {
+            K::bwd_row(srow.as_mut_ptr(), scr.dp[r * BC..].as_ptr(), prow.as_mut_ptr(), BC, a, e, opts.softcap, lse2[r], di[r]);
+            narrow16::<K>(elem, prow.as_ptr(), pa.as_mut_ptr(), BC);
+            narrow16::<K>(elem, srow.as_ptr(), dxa.as_mut_ptr(), BC);
         }
         any = true;
     }
     if !any {
         return false;
     }
-    // SAFETY: pt/dxt are BC × BR (BC/16 row groups, BR/32 steps), qv/dov dp/16 panels of
-    // BR·16, dk/dv BC × dp; dxa BR × BC (mg groups, BC/32 steps), kv dp/16 panels of BC·16,
-    // dq BR × dp.
+    pack::vnni_rows(&scr.pa, BC, BR, BC, &mut scr.pv);
+    pack::vnni_rows(&scr.dxa, BC, BR, BC, &mut scr.dxv);
+    // SAFETY: dot/qt are dp × BR (dp/16 row groups, BR/32 steps), pv/dxv BC/16 panels of BR·16,
+    // dvt/dkt dp × BC; dxa BR × BC (mg groups, BC/32 steps), kv dp/16 panels of BC·16, dq BR × dp.
     unsafe {
-        blocks::<U>(scr.pt.as_ptr(), BR, dov.as_ptr(), BR * TILE_N, scr.dv.as_mut_ptr(), dp, BC / TILE_M, dp / TILE_N, BR / TILE_K, true);
-        blocks::<U>(scr.dxt.as_ptr(), BR, qv.as_ptr(), BR * TILE_N, scr.dk.as_mut_ptr(), dp, BC / TILE_M, dp / TILE_N, BR / TILE_K, true);
+        blocks::<U>(dot.as_ptr(), BR, scr.pv.as_ptr(), BR * TILE_N, scr.dvt.as_mut_ptr(), BC, dp / TILE_M, BC / TILE_N, BR / TILE_K, true);
+        blocks::<U>(qt.as_ptr(), BR, scr.dxv.as_ptr(), BR * TILE_N, scr.dkt.as_mut_ptr(), BC, dp / TILE_M, BC / TILE_N, BR / TILE_K, true);
         blocks::<U>(scr.dxa.as_ptr(), BC, scr.kv.as_ptr(), BC * TILE_N, scr.dq.as_mut_ptr(), dp, mg, dp / TILE_N, BC / TILE_K, false);
     }
     true

@@ -29,7 +29,9 @@ mod choice;
 mod forward;
 mod model;
 mod pack;
+pub(crate) mod peak;
 mod probe;
+mod rows;
 #[cfg(test)]
 mod tests;
 mod tile;

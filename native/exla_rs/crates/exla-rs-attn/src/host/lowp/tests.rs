@@ -17,7 +17,7 @@ use super::tile::{LOWP_TILES, TILE_K, TILE_M, TILE_N};
 #[cfg(target_arch = "x86_64")]
 use super::probe::amx_bounds;
 use super::probe::{agrees, tile_product};
-use super::unit::{ModelAmx, ModelAvx512Bf16, TileGemm, TileUnit};
+use super::unit::{ModelAmx, ModelAvx512Bf16, TileGemm, TileUnit, UnitScope};
 use super::{backward_with, forward_with, pick, Detected, Policy, Unit};
 use crate::ElementType;
 
@@ -131,11 +131,11 @@ fn lowp_tdp_by_hand() {
 fn lowp_tile_config_image() {
     let b = LOWP_TILES.bytes();
     assert_eq!(b[0], 1, "palette 1");
-    for t in 0..3 {
+    for t in 0..8 {
         assert_eq!(u16::from_le_bytes([b[16 + 2 * t], b[17 + 2 * t]]), 64);
         assert_eq!(b[48 + t], 16);
     }
-    assert!(b[22..48].iter().chain(&b[51..]).all(|&x| x == 0), "unused tiles and reserved bytes are 0");
+    assert!(b[2..16].iter().chain(&b[32..48]).chain(&b[56..]).all(|&x| x == 0), "reserved bytes are 0");
 }
 
 /// The 16-bit forward and backward on unit `U` for one case, checked like `host/tests.rs` checks the f32
@@ -533,7 +533,7 @@ fn lowp_bf16_choice_is_never_the_slower() {
             }
         };
         let t = slowdown_of_choice(unit.is_some(), &mut [&mut chosen, &mut f32p, &mut on_unit]);
-        eprintln!("  D={d} fwd: chosen {:.2} ms, f32 path {:.2} ms, unit {:.2} ms", t[0] * 1e3, t[1] * 1e3, t[2] * 1e3);
+        eprintln!("  D={d} fwd: chosen {:.2} ms ({:?}), f32 path {:.2} ms, unit {:.2} ms", t[0] * 1e3, super::offered::<bf16>(which, crate::Pass::Forward, d), t[1] * 1e3, t[2] * 1e3);
         assert!(t[0] <= NOISE * fastest(unit.is_some(), &t), "D={d} forward: the choice took {:.2} ms, the faster path {:.2} ms", t[0] * 1e3, fastest(unit.is_some(), &t) * 1e3);
 
         let bin = || BwdInputs { q: &q, k: &k, v: &v, kv_len: &kv_len, q_start: &q_start, o: &o, lse: &lse, d_o: &d_o };
@@ -547,7 +547,85 @@ fn lowp_bf16_choice_is_never_the_slower() {
             }
         };
         let t = slowdown_of_choice(unit.is_some(), &mut [&mut chosen, &mut f32p, &mut on_unit]);
-        eprintln!("  D={d} bwd: chosen {:.2} ms, f32 path {:.2} ms, unit {:.2} ms", t[0] * 1e3, t[1] * 1e3, t[2] * 1e3);
+        eprintln!("  D={d} bwd: chosen {:.2} ms ({:?}), f32 path {:.2} ms, unit {:.2} ms", t[0] * 1e3, super::offered::<bf16>(which, crate::Pass::Backward, d), t[1] * 1e3, t[2] * 1e3);
         assert!(t[0] <= NOISE * fastest(unit.is_some(), &t), "D={d} backward: the choice took {:.2} ms, the faster path {:.2} ms", t[0] * 1e3, fastest(unit.is_some(), &t) * 1e3);
+    }
+}
+
+/// A unit's 2 × 2 product is its four one-block products bit for bit (same products, same order
+/// per C block), for both accumulate modes and with a prefetch pointer given: the real AMX unit
+/// (four resident accumulators) where this CPU has it, and every model unit (the trait's
+/// default, which the tiling of every other test relies on).
+#[test]
+fn lowp_2x2_product_is_four_one_block_products() {
+    fn check_unit<U: TileUnit>(name: &str, rng: &mut Rng) {
+        for kblocks in [1, 3] {
+            for accumulate in [false, true] {
+                // Two row groups of A (lda padded), two B panels `panel` apart, C 32 × (32 + pad).
+                let (lda, ldc, panel) = (kblocks * TILE_K + 16, 2 * TILE_N + 8, kblocks * TILE_M * TILE_K + 64);
+                let a: Vec<u16> = (0..2 * TILE_M * lda).map(|_| super::pack::bits(U::ELEM, rng.uniform(2.0))).collect();
+                let b: Vec<u16> = (0..2 * panel).map(|_| super::pack::bits(U::ELEM, rng.uniform(2.0))).collect();
+                let c0: Vec<f32> = (0..2 * TILE_M * ldc).map(|_| rng.uniform(1.0)).collect();
+                let (mut c4, mut c1) = (c0.clone(), c0.clone());
+                // SAFETY: every extent lies in a, b and the C buffers; `U` runs here (the caller's word).
+                unsafe {
+                    let _scope = UnitScope::<U>::enter();
+                    let g = TileGemm { a: a.as_ptr(), lda, b: b.as_ptr(), c: c4.as_mut_ptr(), ldc, kblocks, accumulate, prefetch: b.as_ptr() };
+                    U::gemm2x2(&g, panel);
+                    for (grp, p) in [(0, 0), (0, 1), (1, 0), (1, 1)] {
+                        U::gemm(&TileGemm { a: a.as_ptr().add(grp * TILE_M * lda), b: b.as_ptr().add(p * panel), c: c1.as_mut_ptr().add(grp * TILE_M * ldc + p * TILE_N), prefetch: core::ptr::null(), ..g });
+                    }
+                }
+                for (i, (x, y)) in c4.iter().zip(&c1).enumerate() {
+                    assert_eq!(x.to_bits(), y.to_bits(), "{name}, {kblocks} step(s), accumulate {accumulate}: C[{i}] {x:e} vs {y:e}");
+                }
+            }
+        }
+    }
+    let mut rng = Rng(29);
+    check_unit::<ModelAmx<false>>("model AMX-BF16", &mut rng);
+    check_unit::<ModelAmx<true>>("model AMX-FP16", &mut rng);
+    check_unit::<ModelAvx512Bf16>("model AVX512-BF16", &mut rng);
+    #[cfg(target_arch = "x86_64")]
+    {
+        let caps = super::amx::detected();
+        if caps.bf16 {
+            check_unit::<super::amx::Amx<false>>("AMX-BF16", &mut rng);
+        } else {
+            eprintln!("SKIPPED the real AMX-BF16 part of lowp_2x2_product_is_four_one_block_products: not on this CPU");
+        }
+        if caps.fp16 {
+            check_unit::<super::amx::Amx<true>>("AMX-FP16", &mut rng);
+        }
+    }
+}
+
+/// The packers against the layouts their docs define, entry by entry (padding included): odd key
+/// counts, a head dim short of its padding, rows strided through a larger operand, and buffers
+/// that start full of garbage (the forward's come from the pool). On an AVX-512 machine this
+/// checks the fast packers, elsewhere the scalar ones.
+#[test]
+fn lowp_packers_write_the_documented_layouts() {
+    use super::pack::{pack_kt, pack_vt, Rows};
+    let mut rng = Rng(31);
+    for (sk, skp, d, dp, stride) in [(37, 64, 46, 64, 3 * 46 + 2), (64, 64, 128, 128, 128), (1, 16, 2, 32, 4), (16, 32, 64, 64, 64 * 5)] {
+        let src: Vec<bf16> = (0..(sk - 1) * stride + d).map(|_| bf16::from_f32(rng.uniform(2.0))).collect();
+        let at = |j: usize, dd: usize| if j < sk && dd < d { src[j * stride + dd].to_bits() } else { 0 };
+        let rows = Rows { base: &src[..], stride };
+        let mut kt = vec![0xDEADu16; skp * dp + 7];
+        pack_kt(Half16::Bf16, &mut kt, sk, skp, d, dp, rows);
+        let mut vt = vec![0xBEEFu16; skp * dp + 7];
+        pack_vt(Half16::Bf16, &mut vt, sk, skp, d, dp, rows);
+        for j in 0..skp {
+            for dd in 0..dp {
+                // kt: panel j/16, pair-row dd/2, key j%16, element dd%2.
+                let k_at = ((j / TILE_N * dp / 2 + dd / 2) * TILE_N + j % TILE_N) * 2 + dd % 2;
+                assert_eq!(kt[k_at], at(j, dd), "kt, key {j}, column {dd} (sk {sk}, d {d})");
+                // vt: panel dd/16, pair-row j/2, column dd%16, element j%2.
+                let v_at = ((dd / TILE_N * skp / 2 + j / 2) * TILE_N + dd % TILE_N) * 2 + j % 2;
+                assert_eq!(vt[v_at], at(j, dd), "vt, key {j}, column {dd} (sk {sk}, d {d})");
+            }
+        }
+        assert!(kt[skp * dp..].iter().all(|&x| x == 0xDEAD) && vt[skp * dp..].iter().all(|&x| x == 0xBEEF), "nothing written past the pack");
     }
 }

@@ -1,9 +1,12 @@
 //! The AMX tile configuration (palette 1) the lowp kernels use, shared by the real AMX unit
 //! (`ldtilecfg` reads [`TileConfig::bytes`]) and the model (which reads the same shapes).
 //!
-//! Palette 1 has 8 tile registers `tmm0..tmm7` of at most 16 rows × 64 bytes. The kernels use
-//! three, all full size: `tmm0` = C (16 × 16 f32), `tmm1` = A (16 rows × 32 16-bit elements, i.e.
-//! 16 pairs), `tmm2` = B (16 pair-rows × 16 columns × 2 elements: VNNI layout).
+//! Palette 1 has 8 tile registers `tmm0..tmm7` of at most 16 rows × 64 bytes. All eight are
+//! configured full size: a C tile is 16 × 16 f32, an A tile 16 rows × 32 16-bit elements (16
+//! pairs), a B tile 16 pair-rows × 16 columns × 2 elements (VNNI layout). A one-block product uses
+//! `tmm0` = C, `tmm1` = A, `tmm2` = B; the 2 × 2 block product (`amx.rs`) keeps four C tiles
+//! (`tmm0..tmm3`) resident and streams two A (`tmm4`, `tmm5`) and two B (`tmm6`, `tmm7`), so four
+//! independent `TDP*` chains hide the instruction's latency and each tile load feeds two products.
 
 /// Rows of every tile (and of the C block one tile product writes).
 pub(crate) const TILE_M: usize = 16;
@@ -29,13 +32,12 @@ pub(crate) struct TileConfig {
 }
 
 impl TileConfig {
-    /// C, A and B full size (16 × 64 bytes); the other tiles unused (0 × 0).
+    /// Every tile full size (16 × 64 bytes).
     pub(crate) const fn lowp() -> Self {
         let mut colsb = [0u16; TILES];
         let mut rows = [0u8; TILES];
         let mut t = 0;
-        while t < 3 {
-            // TMM_C, TMM_A, TMM_B are 0, 1, 2.
+        while t < TILES {
             colsb[t] = (TILE_K * 2) as u16;
             rows[t] = TILE_M as u8;
             t += 1;

@@ -26,6 +26,10 @@ pub(crate) struct TileGemm {
     pub kblocks: usize,
     /// false: `C = A·B` (old C ignored); true: `C += A·B`.
     pub accumulate: bool,
+    /// The B operand of the product that follows (same layout and panel stride), or null: a
+    /// unit whose loads stall on memory asks for it during this product (AMX: its tile loads
+    /// cannot run ahead of the products still reading the previous tile).
+    pub prefetch: *const u16,
 }
 
 /// A 16-bit dot-product unit.
@@ -42,6 +46,17 @@ pub(crate) trait TileUnit: Send + Sync + 'static {
     /// Leaves the thread as it found it (AMX: `tilerelease`).
     unsafe fn end();
     unsafe fn gemm(g: &TileGemm);
+
+    /// Four blocks at once: A's row groups `g.a` and `g.a + 16·lda`, B's panels `g.b` and
+    /// `g.b + panel`, C blocks (row group, panel) at `g.c + 16·(row group·ldc + panel)`. Each
+    /// C block gets the products [`TileUnit::gemm`] would give it, in the same order, so the
+    /// result is the four one-block results bit for bit; a unit overrides this only to run them
+    /// faster (AMX: four accumulators resident, each A/B tile load feeding two products).
+    unsafe fn gemm2x2(g: &TileGemm, panel: usize) {
+        for (grp, p) in [(0, 0), (0, 1), (1, 0), (1, 1)] {
+            Self::gemm(&TileGemm { a: g.a.add(grp * TILE_M * g.lda), b: g.b.add(p * panel), c: g.c.add(grp * TILE_M * g.ldc + p * TILE_N), prefetch: core::ptr::null(), ..*g });
+        }
+    }
 }
 
 /// [`TileUnit::begin`] .. [`TileUnit::end`] as a scope: `end` runs even if a task unwinds.
@@ -70,9 +85,24 @@ impl<U: TileUnit> Drop for UnitScope<U> {
 /// The extents (16·mg rows of A and C, np panels of B, kblocks steps) lie inside the buffers.
 #[allow(clippy::too_many_arguments)]
 pub(crate) unsafe fn blocks<U: TileUnit>(a: *const u16, lda: usize, b: *const u16, panel: usize, c: *mut f32, ldc: usize, mg: usize, np: usize, kblocks: usize, accumulate: bool) {
-    for grp in 0..mg {
-        for p in 0..np {
-            U::gemm(&TileGemm { a: a.add(grp * TILE_M * lda), lda, b: b.add(p * panel), c: c.add(grp * TILE_M * ldc + p * TILE_N), ldc, kblocks, accumulate });
+    let at = |grp: usize, p: usize| TileGemm { a: a.add(grp * TILE_M * lda), lda, b: b.add(p * panel), c: c.add(grp * TILE_M * ldc + p * TILE_N), ldc, kblocks, accumulate, prefetch: core::ptr::null() };
+    // 2 × 2 blocks where both counts allow, single blocks on an odd edge. Panels outermost: a
+    // pair of B panels (the operand streamed from K/V) is read from memory once and feeds every
+    // row group from L1, while A (a block's rows) stays in L1 throughout.
+    // The first row-group pair of each panel pair asks for the next pair's panels.
+    for p in (0..np & !1).step_by(2) {
+        for grp in (0..mg & !1).step_by(2) {
+            let next = if grp == 0 && p + 3 < np { b.add((p + 2) * panel) } else { core::ptr::null() };
+            U::gemm2x2(&TileGemm { prefetch: next, ..at(grp, p) }, panel);
+        }
+        if mg % 2 == 1 {
+            U::gemm(&at(mg - 1, p));
+            U::gemm(&at(mg - 1, p + 1));
+        }
+    }
+    if np % 2 == 1 {
+        for grp in 0..mg {
+            U::gemm(&at(grp, np - 1));
         }
     }
 }

@@ -1,0 +1,64 @@
+//! The dot-product units' rates on one core, measured: the roofs `host_bench peak` prints
+//! beside the f32 FMA roof, and the lowp kernels' key loops are held against.
+//!
+//! Two figures per unit: the instruction alone (operands in registers/tiles, independent
+//! accumulators: what the unit can do) and the block product the kernels call, on operands in
+//! L1 at the kernels' reduction length (what the loads around it leave of that).
+
+use std::time::Instant;
+
+use super::tile::{TILE_K, TILE_M, TILE_N};
+use super::unit::{TileGemm, TileUnit, UnitScope};
+
+/// One measured rate.
+#[derive(Clone, Debug)]
+pub struct UnitRate {
+    pub what: &'static str,
+    pub gflops: f64,
+}
+
+/// Best GFLOP/s of `U`'s 2 × 2 block product over a `kblocks`-step reduction on operands that
+/// stay in L1 (best of 5 runs of `reps` calls).
+fn block_rate<U: TileUnit>(kblocks: usize, reps: usize, accumulate: bool) -> f64 {
+    let a: Vec<u16> = (0..2 * TILE_M * kblocks * TILE_K).map(|i| 0x3F80 + (i % 7) as u16).collect();
+    let b: Vec<u16> = (0..2 * kblocks * TILE_M * TILE_K).map(|i| 0x3F00 + (i % 5) as u16).collect();
+    let mut c = vec![0f32; 2 * TILE_M * 2 * TILE_N];
+    let panel = kblocks * TILE_M * TILE_K;
+    let g = TileGemm { a: a.as_ptr(), lda: kblocks * TILE_K, b: b.as_ptr(), c: c.as_mut_ptr(), ldc: 2 * TILE_N, kblocks, accumulate, prefetch: core::ptr::null() };
+    let flops = (reps * 4 * kblocks * 2 * TILE_M * TILE_N * TILE_K) as f64;
+    (0..5)
+        .map(|_| {
+            // SAFETY: the caller checked U runs here; every extent lies in a, b, c above.
+            let t = unsafe {
+                let _scope = UnitScope::<U>::enter();
+                let t0 = Instant::now();
+                for _ in 0..reps {
+                    U::gemm2x2(&g, panel);
+                }
+                t0.elapsed().as_secs_f64()
+            };
+            flops / t / 1e9
+        })
+        .fold(0.0, f64::max)
+}
+
+/// The rates of the units this CPU has (empty elsewhere). Takes about a second.
+pub fn unit_rates() -> Vec<UnitRate> {
+    let mut out = Vec::new();
+    #[cfg(target_arch = "x86_64")]
+    {
+        use super::{amx, avx512bf16};
+        if let Some(g) = (0..5).filter_map(|_| amx::tdp_peak_gflops(20_000_000)).reduce(f64::max) {
+            out.push(UnitRate { what: "AMX TDPBF16PS alone (4 accumulators, operands in tiles)", gflops: g });
+            out.push(UnitRate { what: "AMX 2x2 block product, C += A·B, k = 128, operands in L1", gflops: block_rate::<amx::Amx<false>>(4, 200_000, true) });
+            out.push(UnitRate { what: "AMX 2x2 block product, C = A·B, k = 128, operands in L1", gflops: block_rate::<amx::Amx<false>>(4, 200_000, false) });
+            out.push(UnitRate { what: "AMX 2x2 block product, C = A·B, k = 512, operands in L1", gflops: block_rate::<amx::Amx<false>>(16, 50_000, false) });
+            out.push(UnitRate { what: "AMX 2x2 block product, C += A·B, k = 64, operands in L1", gflops: block_rate::<amx::Amx<false>>(2, 400_000, true) });
+        }
+        if avx512bf16::detected() {
+            out.push(UnitRate { what: "AVX512-BF16 VDPBF16PS 2x2 block product, k = 128, operands in L1", gflops: block_rate::<avx512bf16::Avx512Bf16>(4, 20_000, true) });
+        }
+    }
+    out
+}
+

@@ -1,0 +1,179 @@
+//! The forward's row pass on the lowp path: scores (f32, raw `q·k`) in, `P` in the unit's
+//! 16-bit type out, with the row's new max and sum.
+//!
+//! On the AVX-512 family without softcap this is one fused kernel: scale and mask with the row
+//! max in one pass, `exp2`, sum and the rounding to 16 bits in the second, so a score row is read
+//! twice and P written once. Every other case (softcap, the AVX2 and scalar families the model
+//! units run with) takes the f32 path's own row kernel and rounds after it; both compute the
+//! contract's `p = 2^(s2 - m_new)` with the same `exp2`.
+
+use super::super::kernels::Isa;
+use super::model::Half16;
+use super::pack;
+
+/// One row: `s[0..n]` holds `q·k`; columns `[a, b)` (non-empty) are visible. Writes
+/// `p = 2^(s2 - m_new)` rounded to `elem` into `out[0..n]` (0 outside `[a, b)`), where
+/// `s2 = log2(e)·softcap(scale·q·k)` and `m_new = max(m_old, max visible s2)`; `s` is clobbered.
+/// Returns `(m_new, Σp)` (the sum of the unrounded `p`, as the f32 path sums).
+///
+/// # Safety
+/// `s` and `out` hold `n` elements, `n` a multiple of 32, `a < b ≤ n`; `K`'s CPU features are
+/// present (the dispatcher's word).
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn fwd_row16<K: Isa>(elem: Half16, s: *mut f32, n: usize, a: usize, b: usize, qscale: f32, softcap: f32, m_old: f32, out: *mut u16) -> (f32, f32) {
+    #[cfg(target_arch = "x86_64")]
+    if K::LANES == 16 && softcap == 0.0 {
+        // SAFETY: LANES = 16 is the AVX-512 family, whose features the dispatcher detected.
+        return avx512::fwd_row16(elem == Half16::F16, s, n, a, b, qscale, m_old, out);
+    }
+    for j in 0..n {
+        *s.add(j) *= qscale;
+    }
+    let (m_new, sum) = K::fwd_row(s, n, a, b, softcap, m_old);
+    for j in 0..n {
+        *out.add(j) = pack::bits(elem, *s.add(j));
+    }
+    (m_new, sum)
+}
+
+/// `dst[0..n] = src[0..n]` rounded to `elem` (nearest even), `n` a multiple of 16.
+///
+/// # Safety
+/// `src` and `dst` hold `n` elements; `K`'s CPU features are present.
+pub(crate) unsafe fn narrow16<K: Isa>(elem: Half16, src: *const f32, dst: *mut u16, n: usize) {
+    #[cfg(target_arch = "x86_64")]
+    if K::LANES == 16 {
+        // SAFETY: LANES = 16 is the AVX-512 family, whose features the dispatcher detected.
+        return avx512::narrow16(elem == Half16::F16, src, dst, n);
+    }
+    for j in 0..n {
+        *dst.add(j) = pack::bits(elem, *src.add(j));
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx512 {
+    use crate::host::simd::avx512 as s;
+    use core::arch::x86_64::*;
+
+    /// `x` rounded to bf16 (nearest even; a NaN stays a quiet NaN: `half::bf16::from_f32`'s
+    /// rule) in the low 16 bits of each lane.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn to_bf16(x: __m512) -> __m512i {
+        let xi = _mm512_castps_si512(x);
+        let lsb = _mm512_and_si512(_mm512_srli_epi32::<16>(xi), _mm512_set1_epi32(1));
+        let rounded = _mm512_srli_epi32::<16>(_mm512_add_epi32(xi, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF))));
+        let nan = _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(x, x);
+        _mm512_mask_or_epi32(rounded, nan, _mm512_srli_epi32::<16>(xi), _mm512_set1_epi32(0x40))
+    }
+
+    /// 16 lanes of `p` as `f16` (`F16`) or bf16 at `out`.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn store16(f16: bool, out: *mut u16, p: __m512) {
+        let h = if f16 { _mm512_cvtps_ph::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(p) } else { _mm512_cvtepi32_epi16(to_bf16(p)) };
+        _mm256_storeu_si256(out.cast(), h);
+    }
+
+    /// [`super::narrow16`] on AVX-512.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn narrow16(f16: bool, src: *const f32, dst: *mut u16, n: usize) {
+        for j in (0..n).step_by(16) {
+            store16(f16, dst.add(j), s::load(src.add(j)));
+        }
+    }
+
+    /// 16 lanes of `p` as bf16 with `VCVTNEPS2BF16` (nearest even; it reads denormals as 0, and
+    /// `p` is never one: `exp2` gives 0 or a normal number).
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bf16")]
+    unsafe fn store_bf16_native(out: *mut u16, p: __m512) {
+        _mm256_storeu_si256(out.cast(), core::mem::transmute::<__m256bh, __m256i>(_mm512_cvtneps_pbh(p)));
+    }
+
+    /// Lanes `j..j+16` that lie in `[a, b)`.
+    #[inline]
+    fn visible(j: usize, a: usize, b: usize) -> __mmask16 {
+        let lo = a.saturating_sub(j).min(16);
+        let hi = b.saturating_sub(j).min(16);
+        if lo >= hi {
+            return 0;
+        }
+        let upto = |k: usize| if k >= 16 { 0xFFFFu32 } else { (1u32 << k) - 1 };
+        (upto(hi) & !upto(lo)) as __mmask16
+    }
+
+    /// The row kernel's body, instantiated per target-feature set (`$store`: how 16 lanes of P
+    /// become 16 bits). Two accumulators each for the max and the sum halve their chains.
+    macro_rules! row_body {
+        ($sp:ident, $n:ident, $a:ident, $b:ident, $qscale:ident, $m_old:ident, $out:ident, $store:expr) => {{
+            let (sc, ninf) = (s::splat($qscale), s::splat(f32::NEG_INFINITY));
+            let (mut m0, mut m1) = (ninf, ninf);
+            if $a == 0 && $b == $n {
+                // Every key visible (the common case): scale and max only.
+                let mut j = 0;
+                while j < $n {
+                    let x0 = s::mul(s::load($sp.add(j)), sc);
+                    let x1 = s::mul(s::load($sp.add(j + 16)), sc);
+                    s::store($sp.add(j), x0);
+                    s::store($sp.add(j + 16), x1);
+                    m0 = s::max(m0, x0);
+                    m1 = s::max(m1, x1);
+                    j += 32;
+                }
+            } else {
+                // Outside [a, b): -inf, whose exp2 is exactly 0.
+                let mut j = 0;
+                while j < $n {
+                    let x = _mm512_mask_blend_ps(visible(j, $a, $b), ninf, s::mul(s::load($sp.add(j)), sc));
+                    s::store($sp.add(j), x);
+                    m0 = s::max(m0, x);
+                    j += 16;
+                }
+            }
+            let m_new = s::hmax(s::max(m0, m1)).max($m_old);
+            let mv = s::splat(m_new);
+            let (mut sum0, mut sum1) = (s::zero(), s::zero());
+            let mut j = 0;
+            while j < $n {
+                let p0 = s::exp2(s::sub(s::load($sp.add(j)), mv));
+                let p1 = s::exp2(s::sub(s::load($sp.add(j + 16)), mv));
+                sum0 = s::add(sum0, p0);
+                sum1 = s::add(sum1, p1);
+                $store($out.add(j), p0);
+                $store($out.add(j + 16), p1);
+                j += 32;
+            }
+            (m_new, s::hsum(s::add(sum0, sum1)))
+        }};
+    }
+
+    #[target_feature(enable = "avx512f")]
+    unsafe fn row_f16(sp: *mut f32, n: usize, a: usize, b: usize, qscale: f32, m_old: f32, out: *mut u16) -> (f32, f32) {
+        row_body!(sp, n, a, b, qscale, m_old, out, |o: *mut u16, p| store16(true, o, p))
+    }
+
+    #[target_feature(enable = "avx512f")]
+    unsafe fn row_bf16(sp: *mut f32, n: usize, a: usize, b: usize, qscale: f32, m_old: f32, out: *mut u16) -> (f32, f32) {
+        row_body!(sp, n, a, b, qscale, m_old, out, |o: *mut u16, p| store16(false, o, p))
+    }
+
+    #[target_feature(enable = "avx512f,avx512bf16")]
+    unsafe fn row_bf16_native(sp: *mut f32, n: usize, a: usize, b: usize, qscale: f32, m_old: f32, out: *mut u16) -> (f32, f32) {
+        row_body!(sp, n, a, b, qscale, m_old, out, |o: *mut u16, p| store_bf16_native(o, p))
+    }
+
+    /// [`super::fwd_row16`] without softcap (`n` a multiple of 32: whole key tiles).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) unsafe fn fwd_row16(f16: bool, sp: *mut f32, n: usize, a: usize, b: usize, qscale: f32, m_old: f32, out: *mut u16) -> (f32, f32) {
+        debug_assert!(n.is_multiple_of(32));
+        if f16 {
+            row_f16(sp, n, a, b, qscale, m_old, out)
+        } else if std::is_x86_feature_detected!("avx512bf16") {
+            row_bf16_native(sp, n, a, b, qscale, m_old, out)
+        } else {
+            row_bf16(sp, n, a, b, qscale, m_old, out)
+        }
+    }
+}
