@@ -28,15 +28,15 @@ use rayon::prelude::*;
 
 use super::super::kernels::{Isa, LOG2_E};
 use super::super::{BwdInputs, BwdOutputs, HostElement, SyncPtr};
-use super::forward::BR;
 use super::pack::{self, padded_dim, BC};
 use super::tile::{TILE_K, TILE_M, TILE_N};
 use super::rows::narrow16;
 use super::unit::{blocks, TileUnit, UnitScope};
 use crate::{AttnOptions, AttnShape, KeyRange};
 
-// Query blocks reuse the key-tile packers and tile loops.
-const _: () = assert!(BR == BC && BR.is_multiple_of(TILE_K));
+/// Query rows per block (the reduction of `dKᵀ`, `dVᵀ`: a multiple of [`TILE_K`]).
+const BR: usize = 64;
+const _: () = assert!(BR.is_multiple_of(TILE_K));
 
 /// Whether the lowp backward takes these operands: all finite. A NaN/inf needs the f32 path's
 /// row-by-row products, which keep it away from the keys/rows that do not see it.
@@ -87,8 +87,6 @@ struct Scratch {
     /// P and dX as B operands along the query rows ([`pack::vnni_rows`]).
     pv: Vec<u16>,
     dxv: Vec<u16>,
-    /// This (head, query block)'s share of dQ.
-    dq: Vec<f32>,
     ranges: Vec<KeyRange>,
 }
 
@@ -149,7 +147,6 @@ pub(crate) fn run<T: HostElement, U: TileUnit, K: Isa>(shape: &AttnShape, opts: 
             dxa: vec![0; BR * BC],
             pv: vec![0; BR * BC],
             dxv: vec![0; BR * BC],
-            dq: vec![0.0; BR * dp],
             ranges: Vec::with_capacity(BR),
         },
         |scr, task| {
@@ -170,7 +167,9 @@ pub(crate) fn run<T: HostElement, U: TileUnit, K: Isa>(shape: &AttnShape, opts: 
             let _unit = unsafe { UnitScope::<U>::enter() };
             for hq in kvh * g..(kvh + 1) * g {
                 let bhq = b * h + hq;
-                for qb in 0..nqb {
+                // Query blocks from this tile's own offset on, wrapping: tasks of one head that run
+                // at once then want different blocks' dQ locks, not each other's.
+                for qb in (kb % nqb..nqb).chain(0..kb % nqb) {
                     let (i0, rows) = (qb * BR, BR.min(sq - qb * BR));
                     let block = KeyRange::for_rows(opts, sk, kvl, qst, i0, i0 + rows);
                     if block.is_empty() || block.end <= j0 || block.start >= j0 + cols {
@@ -180,10 +179,12 @@ pub(crate) fn run<T: HostElement, U: TileUnit, K: Isa>(shape: &AttnShape, opts: 
                     scr.ranges.extend((0..rows).map(|r| KeyRange::for_row(opts, sk, kvl, qst, i0 + r)));
                     let rowsl = bhq * sq + i0..bhq * sq + i0 + rows;
                     if tile::<U, K>(scr, opts, &packs[bhq], qb, rows, j0, cols, dp, &lse2[rowsl.clone()], &di[rowsl]) {
+                        // dQ += dX·K straight into the block's sum (the unit adds as it
+                        // multiplies: a separate f32 add of every product was 10% of the pass).
                         let mut acc = dq_acc[bhq * nqb + qb].lock().unwrap_or_else(|e| e.into_inner());
-                        for (x, y) in acc.iter_mut().zip(&scr.dq[..rows * dp]) {
-                            *x += *y;
-                        }
+                        // SAFETY: dxa is BR × BC (mg groups, BC/32 steps), kv dp/16 panels of
+                        // BC·16, acc BR × dp.
+                        unsafe { blocks::<U>(scr.dxa.as_ptr(), BC, scr.kv.as_ptr(), BC * TILE_N, acc.as_mut_ptr(), dp, rows.div_ceil(TILE_M), dp / TILE_N, BC / TILE_K, true) };
                     }
                 }
             }
@@ -220,8 +221,9 @@ pub(crate) fn run<T: HostElement, U: TileUnit, K: Isa>(shape: &AttnShape, opts: 
     });
 }
 
-/// One key tile against one query block: the five products. Adds to the tile's dKᵀ/dVᵀ, leaves
-/// the block's dQ share (unscaled) in `scr.dq`. Returns whether any row saw a key of the tile.
+/// One key tile against one query block: four of the five products. Adds to the tile's
+/// dKᵀ/dVᵀ and leaves dX (the A of `dQ += dX·K`, which the caller runs into the block's dQ sum)
+/// in `scr.dxa`. Returns whether any row saw a key of the tile.
 #[allow(clippy::too_many_arguments)]
 fn tile<U: TileUnit, K: Isa>(scr: &mut Scratch, opts: &AttnOptions, qp: &QueryPacks, qb: usize, rows: usize, j0: usize, cols: usize, dp: usize, lse2: &[f32], di: &[f32]) -> bool {
     let elem = U::ELEM;
@@ -265,11 +267,10 @@ fn tile<U: TileUnit, K: Isa>(scr: &mut Scratch, opts: &AttnOptions, qp: &QueryPa
     pack::vnni_rows(&scr.pa, BC, BR, BC, &mut scr.pv);
     pack::vnni_rows(&scr.dxa, BC, BR, BC, &mut scr.dxv);
     // SAFETY: dot/qt are dp × BR (dp/16 row groups, BR/32 steps), pv/dxv BC/16 panels of BR·16,
-    // dvt/dkt dp × BC; dxa BR × BC (mg groups, BC/32 steps), kv dp/16 panels of BC·16, dq BR × dp.
+    // dvt/dkt dp × BC.
     unsafe {
         blocks::<U>(dot.as_ptr(), BR, scr.pv.as_ptr(), BR * TILE_N, scr.dvt.as_mut_ptr(), BC, dp / TILE_M, BC / TILE_N, BR / TILE_K, true);
         blocks::<U>(qt.as_ptr(), BR, scr.dxv.as_ptr(), BR * TILE_N, scr.dkt.as_mut_ptr(), BC, dp / TILE_M, BC / TILE_N, BR / TILE_K, true);
-        blocks::<U>(scr.dxa.as_ptr(), BC, scr.kv.as_ptr(), BC * TILE_N, scr.dq.as_mut_ptr(), dp, mg, dp / TILE_N, BC / TILE_K, false);
     }
     true
 }

@@ -8,8 +8,11 @@
 //!   model units; `amx.rs`, `avx512bf16.rs`: the real units and their detection.
 //! - `probe.rs`: a real unit is offered only after it reproduced its model on one block.
 //! - `choice.rs`: ... and only where it beat the f32 path on this machine (never slower).
-//! - `pack.rs`: operands into the units' VNNI layouts; `forward.rs`, `backward.rs`: the passes
-//!   (the backward's five products all on the unit).
+//! - `pack.rs`: operands into the units' VNNI layouts (AVX-512 gathers and interleaves where
+//!   the inputs already are the unit's type); `rows.rs`: the forward's row pass and the rounding
+//!   of P / dX to 16 bits; `forward.rs`, `backward.rs`: the passes (the backward's five products
+//!   all on the unit).
+//! - `peak.rs`: the units' measured rates (`host_bench peak`), the roofs the passes are held to.
 //!
 //! Which unit (forward and backward alike): bf16 on AMX-BF16, else AVX512-BF16; f16 only on AMX-FP16 (AVX512-FP16 multiplies
 //! in f16, which would break the contract's f32 accumulation); anything else, and calls with
