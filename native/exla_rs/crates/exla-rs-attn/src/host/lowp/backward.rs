@@ -56,7 +56,7 @@ fn all_finite<T: HostElement>(x: &[T]) -> bool {
     assert_eq!(std::mem::size_of::<T>(), 2);
     // SAFETY: T is a 2-byte float type (asserted); every bit pattern is a u16.
     let bits = unsafe { std::slice::from_raw_parts(x.as_ptr().cast::<u16>(), x.len()) };
-    bits.chunks(4096).all(|c| c.iter().fold(false, |bad, &b| bad | (b & exp == exp)) == false)
+    bits.chunks(4096).all(|c| !c.iter().fold(false, |bad, &b| bad | (b & exp == exp)))
 }
 
 /// One (batch, head)'s packed query-side operands.
