@@ -22,7 +22,7 @@ use std::sync::Mutex;
 use rayon::prelude::*;
 
 use super::dbias::{self, DbiasOut};
-use super::dropout::{keep_row_fn, KeepRowFn, NO_DROPOUT, STORE};
+use super::dropout::{keep_tile_fn, KeepTileFn, NO_DROPOUT, STORE};
 use super::extra::{BiasPanel, PanelSpan, Prep, PANEL_TILES};
 use super::tiles::{BC, BR};
 use super::kernels::{Gemm, Isa, Prefetch, LOG2_E, NO_EXT, PAD};
@@ -63,7 +63,7 @@ struct Work {
     panel: BiasPanel,
     /// dZ of the (head, query block) over the group's keys (`BR × group·BC`), when `dbias` is wanted.
     dz: Vec<f32>,
-    /// The dropout keep scales of one tile row (`scale` or 0), regenerated from the key.
+    /// The dropout keep scales of a tile (`BR × BC`: `scale` or 0), regenerated from the key.
     km: Vec<f32>,
 }
 
@@ -90,7 +90,7 @@ struct CallCtx<'a, 'p> {
     d: usize,
     dp: usize,
     dropout: Dropout,
-    keep_row: KeepRowFn,
+    keep_tile: KeepTileFn,
     /// `dbias` is wanted: the row kernels store dZ into `Work::dz` (row stride `dz_w`).
     want_dz: bool,
     dz_w: usize,
@@ -203,7 +203,7 @@ fn run_impl<T: HostElement, K: Isa, const EXT: bool, const DROP: bool>(shape: &A
         d,
         dp,
         dropout: ex.dropout.unwrap_or(NO_DROPOUT),
-        keep_row: keep_row_fn::<STORE>(K::SCALAR),
+        keep_tile: keep_tile_fn::<STORE>(K::SCALAR),
         want_dz: dbias.is_some(),
         dz_w,
     };
@@ -226,7 +226,7 @@ fn run_impl<T: HostElement, K: Isa, const EXT: bool, const DROP: bool>(shape: &A
                 ranges: Vec::with_capacity(BR),
                 panel: BiasPanel::new(call.prep, group),
                 dz: if call.want_dz { vec![0.0; BR * dz_w] } else { Vec::new() },
-                km: if DROP { vec![0.0; BC] } else { Vec::new() },
+                km: if DROP { vec![0.0; BR * BC] } else { Vec::new() },
             },
         },
         |scr, task| {
@@ -411,6 +411,20 @@ fn tile<K: Isa, const EXT: bool, const DROP: bool>(w: &mut Work, blk: &mut KeyBl
         K::gemm(Gemm { m: rows, n: BC, k: d, a: qblk.as_ptr(), a_rs: dp, a_cs: 1, b: blk.kt.as_ptr(), ldb: BC, c: w.s.as_mut_ptr(), ldc: BC, accumulate: false, pf });
         K::gemm(Gemm { m: rows, n: BC, k: d, a: doblk.as_ptr(), a_rs: dp, a_cs: 1, b: blk.vt.as_ptr(), ldb: BC, c: w.dp.as_mut_ptr(), ldc: BC, accumulate: false, pf: Prefetch::NONE });
     }
+    if DROP {
+        // The forward's mask, regenerated for the whole tile before the rows: M·s of (b, hq,
+        // i0 + r, j0..j0+BC) into row r of km, two rows per generator call where both have
+        // anything visible (whole rows: the generator's fast path; keys a row does not see get
+        // a finite scale that multiplies its zeros). Rows that see nothing get no draw.
+        let mut spans = [(0usize, 0usize); BR];
+        for (r, span) in spans[..rows].iter_mut().enumerate() {
+            let rg = w.ranges[r];
+            let visible = rg.start.saturating_sub(j0).min(cols) < rg.end.saturating_sub(j0).min(cols) && ctx.lse2[r].is_finite();
+            *span = if visible { (0, BC) } else { (0, 0) };
+        }
+        // SAFETY: km is BR × BC; spans end at BC (a multiple of 4); j0 is a multiple of BC.
+        unsafe { (call.keep_tile)(w.km.as_mut_ptr(), BC, &spans[..rows], &call.dropout, ctx.b as u32, ctx.hq as u32, ctx.i0 as u32, j0) };
+    }
     let (mut clo, mut chi) = (BC, 0);
     for r in 0..rows {
         let rg = w.ranges[r];
@@ -430,13 +444,10 @@ fn tile<K: Isa, const EXT: bool, const DROP: bool>(w: &mut Work, blk: &mut KeyBl
         }
         let i = ctx.i0 + r;
         if DROP {
-            // The forward's mask, regenerated: M of (b, hq, i, j0..j0+BC).
             let ext = if EXT { call.prep.row(&w.panel, ctx.b, ctx.hq, r, i, ctx.qst + i as i64, kb, ctx.alibi2) } else { NO_EXT };
-            // SAFETY: km and the rows hold BC floats (dz too, from dz_col); j0 is a multiple of BC
-            // (so of 4); a < e ≤ cols ≤ BC.
+            // SAFETY: km's row r and the rows hold BC floats (dz too, from dz_col); a < e ≤ cols ≤ BC.
             unsafe {
-                (call.keep_row)(w.km.as_mut_ptr(), &call.dropout, ctx.b as u32, ctx.hq as u32, i as u32, j0, BC);
-                K::bwd_row_drop(srow.as_mut_ptr(), w.dp[r * BC..].as_ptr(), prow.as_mut_ptr(), dsp, BC, a, e, opts.softcap, l2, ctx.di[r], ext, w.km.as_ptr());
+                K::bwd_row_drop(srow.as_mut_ptr(), w.dp[r * BC..].as_ptr(), prow.as_mut_ptr(), dsp, BC, a, e, opts.softcap, l2, ctx.di[r], ext, w.km[r * BC..].as_ptr());
             }
         } else if EXT {
             let ext = call.prep.row(&w.panel, ctx.b, ctx.hq, r, i, ctx.qst + i as i64, kb, ctx.alibi2);

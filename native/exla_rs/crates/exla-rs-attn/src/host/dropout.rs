@@ -21,6 +21,7 @@ pub(crate) const NO_DROPOUT: Dropout = Dropout { key: [0, 0], rate: 0.0, thresho
 /// instances), or multiplies `out[0..n]` by it in place (the `MUL` instances: the forward scales
 /// its probability row without a scratch pass). `j0` and `n` are multiples of 4 (tiles start on
 /// key quads and are padded to whole quads).
+#[cfg(test)]
 pub(crate) type KeepRowFn = unsafe fn(out: *mut f32, d: &Dropout, b: u32, h: u32, i: u32, j0: usize, n: usize);
 
 /// [`KeepRowFn`] over the rows of a tile: row `r` (query row `i0 + r`, at `s + r·ld`) gets keys
@@ -279,8 +280,178 @@ pub(crate) mod avx2 {
     }
 }
 
-/// The generator for this CPU: AVX2 where there is AVX2, else scalar. `scalar` forces the scalar
+/// The AVX-512 tile generator: sixteen Philox calls per register, two rows side by side (lanes
+/// 0-7 one row's eight eight-key groups, lanes 8-15 the next row's), and two such pairs at once
+/// for the multipliers' latency: four rows of a 64-key tile per step where the AVX2 generator
+/// runs two. The comparison with the threshold's upper half gives mask registers, and each keep
+/// vector is the scale under a 16-key mask (no widening of 16-bit masks). Rows that are not
+/// whole, and steps with a tie, go through the AVX2 row generator (exact, the reference's order).
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod avx512 {
+    use std::arch::x86_64::*;
+
+    use crate::philox::{Dropout, M0, M1, W0, W1};
+
+    /// `(hi, lo)` of the sixteen 32×32-bit products `a·m` (as the AVX2 `mulhilo`).
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn mulhilo(a: __m512i, m: __m512i) -> (__m512i, __m512i) {
+        let even = _mm512_mul_epu32(a, m);
+        let odd = _mm512_mul_epu32(_mm512_srli_epi64::<32>(a), m);
+        let lo = _mm512_mask_blend_epi32(0xAAAA, even, _mm512_slli_epi64::<32>(odd));
+        let hi = _mm512_mask_blend_epi32(0xAAAA, _mm512_srli_epi64::<32>(even), odd);
+        (hi, lo)
+    }
+
+    #[inline]
+    fn mulhilo1(a: u32, b: u32) -> (u32, u32) {
+        let p = u64::from(a) * u64::from(b);
+        ((p >> 32) as u32, p as u32)
+    }
+
+    /// `x` in lanes 0-7, `y` in lanes 8-15.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn halves(x: u32, y: u32) -> __m512i {
+        _mm512_inserti64x4::<1>(_mm512_set1_epi32(x as i32), _mm256_set1_epi32(y as i32))
+    }
+
+    /// Philox4x32-10 of the counters `(oct0 + l % 8, i[p] + l / 8, h, b)` for lanes `l` 0..16 of
+    /// each of `P` row pairs: the AVX2 `philox8` with the second row in the upper lanes, so the
+    /// lane-independent products of rounds 0 and 1 are per half.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn philox16<const P: usize>(key: [u32; 2], b: u32, h: u32, i: [u32; P], oct0: u32) -> [[__m512i; 4]; P] {
+        let (m0, m1) = (_mm512_set1_epi32(M0 as i32), _mm512_set1_epi32(M1 as i32));
+        let c0 = _mm512_add_epi32(_mm512_set1_epi32(oct0 as i32), _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3, 4, 5, 6, 7));
+        let [mut k0, mut k1] = key;
+        let (hi0, lo0) = mulhilo(c0, m0);
+        let (hi1, lo1) = mulhilo1(M1, h);
+        let c2 = _mm512_xor_si512(hi0, _mm512_set1_epi32((b ^ k1) as i32));
+        let c3 = lo0;
+        k0 = k0.wrapping_add(W0);
+        k1 = k1.wrapping_add(W1);
+        let (hi1r, lo1r) = mulhilo(c2, m1);
+        let mut c = [[_mm512_setzero_si512(); 4]; P];
+        for (c, &i) in c.iter_mut().zip(&i) {
+            let (hi_a, lo_a) = mulhilo1(M0, hi1 ^ i ^ key[0]);
+            let (hi_b, lo_b) = mulhilo1(M0, hi1 ^ i.wrapping_add(1) ^ key[0]);
+            *c = [_mm512_xor_si512(hi1r, _mm512_set1_epi32((lo1 ^ k0) as i32)), lo1r, _mm512_xor_si512(c3, halves(hi_a ^ k1, hi_b ^ k1)), halves(lo_a, lo_b)];
+        }
+        for _ in 2..10 {
+            k0 = k0.wrapping_add(W0);
+            k1 = k1.wrapping_add(W1);
+            let (sk0, sk1) = (_mm512_set1_epi32(k0 as i32), _mm512_set1_epi32(k1 as i32));
+            for c in c.iter_mut() {
+                let (hi0, lo0) = mulhilo(c[0], m0);
+                let (hi1, lo1) = mulhilo(c[2], m1);
+                *c = [_mm512_xor_si512(_mm512_xor_si512(hi1, c[1]), sk0), lo1, _mm512_xor_si512(_mm512_xor_si512(hi0, c[3]), sk1), lo0];
+            }
+        }
+        c
+    }
+
+    /// The 16-key keep masks of the 64 keys `8·oct0 ..` of `2·P` rows (`[pair][row of the pair]
+    /// [16-key vector]`), or `None` when an upper half ties with the threshold's (`t_hi` in
+    /// every 16-bit lane).
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw")]
+    unsafe fn keep_masks<const P: usize>(d: &Dropout, t_hi: __m512i, b: u32, h: u32, i: [u32; P], oct0: u32) -> Option<[[[u16; 4]; 2]; P]> {
+        let x = philox16::<P>(d.key, b, h, i, oct0);
+        let mut out = [[[0u16; 4]; 2]; P];
+        let mut tie: u32 = 0;
+        for ([x0, x1, x2, x3], out) in x.into_iter().zip(out.iter_mut()) {
+            // Per 128-bit lane, one call's four words in order (as in the AVX2 transpose): u[k]'s
+            // lane g holds call k + 4·(g % 2) of row g / 2, i.e. its eight keys' upper halves.
+            let t0 = _mm512_unpacklo_epi32(x0, x1);
+            let t1 = _mm512_unpackhi_epi32(x0, x1);
+            let t2 = _mm512_unpacklo_epi32(x2, x3);
+            let t3 = _mm512_unpackhi_epi32(x2, x3);
+            let u = [_mm512_unpacklo_epi64(t0, t2), _mm512_unpackhi_epi64(t0, t2), _mm512_unpacklo_epi64(t1, t3), _mm512_unpackhi_epi64(t1, t3)];
+            let mut kept = [0u32; 4];
+            for (k, &u) in u.iter().enumerate() {
+                tie |= _mm512_cmpeq_epu16_mask(u, t_hi);
+                kept[k] = _mm512_cmpge_epu16_mask(u, t_hi);
+            }
+            // Call c of row ρ: the byte of `kept[c % 4]` at lane 2ρ + c / 4; vector v holds
+            // calls 2v (low byte) and 2v + 1.
+            let byte = |c: usize, rho: usize| (kept[c % 4] >> (8 * (2 * rho + c / 4))) & 0xFF;
+            for (rho, row) in out.iter_mut().enumerate() {
+                for (v, m) in row.iter_mut().enumerate() {
+                    *m = (byte(2 * v, rho) | byte(2 * v + 1, rho) << 8) as u16;
+                }
+            }
+        }
+        (tie == 0).then_some(out)
+    }
+
+    /// Writes (`STORE`) or applies (`MUL`) the keep scales under `masks` to the 64 floats at `o`.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn put64<const MULTIPLY: bool>(o: *mut f32, masks: &[u16; 4], scale: __m512) {
+        for (v, &m) in masks.iter().enumerate() {
+            let p = o.add(16 * v);
+            let keep = _mm512_maskz_mov_ps(m, scale);
+            _mm512_storeu_ps(p, if MULTIPLY { _mm512_mul_ps(_mm512_loadu_ps(p), keep) } else { keep });
+        }
+    }
+
+    /// [`super::KeepTileFn`] on AVX-512 (see the module docs).
+    ///
+    /// # Safety
+    /// Row `r` of `s` (`ld` floats apart) holds `spans[r].1` floats; the CPU has AVX-512 F/BW
+    /// (and so AVX2).
+    #[allow(clippy::too_many_arguments)]
+    #[target_feature(enable = "avx512f,avx512bw,avx2")]
+    pub(crate) unsafe fn keep_tile<const MULTIPLY: bool>(s: *mut f32, ld: usize, spans: &[(usize, usize)], d: &Dropout, b: u32, h: u32, i0: u32, j0: usize) {
+        let t_hi = _mm512_set1_epi16((d.threshold >> 16) as u16 as i16);
+        let scale = _mm512_set1_ps(d.scale);
+        let whole = |r: usize| j0.is_multiple_of(8) && spans.get(r) == Some(&(0, 64));
+        let oct0 = (j0 >> 3) as u32;
+        let row_by_row = |r: usize, n: usize| {
+            for rr in r..r + n {
+                super::avx2::keep_row::<MULTIPLY>(s.add(rr * ld), d, b, h, i0 + rr as u32, j0, 64);
+            }
+        };
+        let mut r = 0;
+        while r < spans.len() {
+            let i = i0 + r as u32;
+            if (0..4).all(|k| whole(r + k)) {
+                match keep_masks::<2>(d, t_hi, b, h, [i, i + 2], oct0) {
+                    Some(m) => {
+                        for (k, masks) in m.iter().flatten().enumerate() {
+                            put64::<MULTIPLY>(s.add((r + k) * ld), masks, scale);
+                        }
+                    }
+                    None => row_by_row(r, 4),
+                }
+                r += 4;
+                continue;
+            }
+            if whole(r) && whole(r + 1) {
+                match keep_masks::<1>(d, t_hi, b, h, [i], oct0) {
+                    Some([m]) => {
+                        put64::<MULTIPLY>(s.add(r * ld), &m[0], scale);
+                        put64::<MULTIPLY>(s.add((r + 1) * ld), &m[1], scale);
+                    }
+                    None => row_by_row(r, 2),
+                }
+                r += 2;
+                continue;
+            }
+            let (a, e) = spans[r];
+            if a < e {
+                super::avx2::keep_row::<MULTIPLY>(s.add(r * ld + a), d, b, h, i, j0 + a, e - a);
+            }
+            r += 1;
+        }
+    }
+}
+
+/// The row generator for this CPU (the tests': the kernels take whole tiles, [`keep_tile_fn`],
+/// whose AVX2 instance runs two rows side by side): AVX2 where there is AVX2, else scalar. `scalar` forces the scalar
 /// one (the Scalar kernel family, so its tests exercise it). `MULTIPLY` picks [`MUL`] or [`STORE`].
+#[cfg(test)]
 pub(crate) fn keep_row_fn<const MULTIPLY: bool>(scalar: bool) -> KeepRowFn {
     #[cfg(target_arch = "x86_64")]
     if !scalar && is_x86_feature_detected!("avx2") {
@@ -290,8 +461,13 @@ pub(crate) fn keep_row_fn<const MULTIPLY: bool>(scalar: bool) -> KeepRowFn {
     keep_row_scalar::<MULTIPLY>
 }
 
-/// The tile generator for this CPU (see [`keep_row_fn`]).
+/// The tile generator for this CPU: AVX-512 (F and BW) where there is AVX-512, else AVX2, else
+/// scalar; `scalar` forces the scalar one.
 pub(crate) fn keep_tile_fn<const MULTIPLY: bool>(scalar: bool) -> KeepTileFn {
+    #[cfg(target_arch = "x86_64")]
+    if !scalar && is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512bw") && is_x86_feature_detected!("avx2") {
+        return avx512::keep_tile::<MULTIPLY>;
+    }
     #[cfg(target_arch = "x86_64")]
     if !scalar && is_x86_feature_detected!("avx2") {
         return avx2::keep_tile::<MULTIPLY>;
@@ -360,36 +536,59 @@ mod tests {
         }
     }
 
+    /// Every tile generator this CPU runs, by name: the scalar one, and AVX2 and AVX-512 where
+    /// present (so a machine with AVX-512 still checks the AVX2 one its peers without it run).
+    fn tile_generators<const MULTIPLY: bool>() -> Vec<(&'static str, KeepTileFn)> {
+        let mut g: Vec<(&'static str, KeepTileFn)> = vec![("scalar", keep_tile_scalar::<MULTIPLY>)];
+        #[cfg(target_arch = "x86_64")]
+        {
+            if is_x86_feature_detected!("avx2") {
+                g.push(("avx2", avx2::keep_tile::<MULTIPLY>));
+            }
+            if is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512bw") && is_x86_feature_detected!("avx2") {
+                g.push(("avx512", avx512::keep_tile::<MULTIPLY>));
+            }
+        }
+        g
+    }
+
     #[test]
     fn tile_generators_match_the_definition() {
-        // Rows of a 64-key tile: whole rows (in pairs and alone), partial spans, empty rows, and a
-        // tile that does not start on an eight-key group; thresholds with and without a tie.
+        // Rows of a 64-key tile: whole rows (in runs of four, pairs and alone), partial spans,
+        // empty rows, and a tile that does not start on an eight-key group; thresholds with and
+        // without a tie (in a pair's second row, and in a run of four).
         let key = [0x0123_4567, 0x89ab_cdef];
         let (b, h, i0) = (1, 3, 200);
-        let spans = [(0, 64), (0, 64), (0, 64), (4, 64), (0, 64), (0, 0), (0, 64), (0, 64), (8, 20), (0, 64), (32, 36), (0, 64)];
-        let tie_draw = dropout_draw(key, b, h, i0 + 7, 64 + 9); // row 7 (a pair's second row), key 9
-        for (threshold, j0) in [(0x1999_99a0, 64), (0xe000_0000, 128), (tie_draw, 64), (tie_draw + 1, 64), (0x4000_0000, 4)] {
-            let d = Dropout { key, rate: threshold as f32 / 4_294_967_296.0, threshold, scale: 1.5 };
-            for scalar in [true, false] {
-                let ld = 70;
-                let tile: Vec<f32> = (0..spans.len() * ld).map(|c| 0.25 + ((c * 53 + 7) % 89) as f32 / 89.0).collect();
-                let (mut stored, mut scaled) = (tile.clone(), tile.clone());
-                // SAFETY: every row has ld >= 64 floats.
-                unsafe {
-                    keep_tile_fn::<STORE>(scalar)(stored.as_mut_ptr(), ld, &spans, &d, b, h, i0, j0);
-                    keep_tile_fn::<MUL>(scalar)(scaled.as_mut_ptr(), ld, &spans, &d, b, h, i0, j0);
-                }
-                for (r, &(a, e)) in spans.iter().enumerate() {
-                    for c in 0..ld {
-                        let x = r * ld + c;
-                        if c < a || c >= e {
-                            assert_eq!((stored[x], scaled[x]), (tile[x], tile[x]), "untouched: row {r} col {c}");
-                            continue;
+        let w = (0, 64);
+        let span_sets: [&[(usize, usize)]; 2] = [
+            &[w, w, w, (4, 64), w, (0, 0), w, w, (8, 20), w, (32, 36), w],
+            &[w, w, w, w, w, (4, 64), w, w, w, w, w, w, (0, 0), w],
+        ];
+        let tie_draw = dropout_draw(key, b, h, i0 + 7, 64 + 9); // row 7, key 9
+        for spans in span_sets {
+            for (threshold, j0) in [(0x1999_99a0, 64), (0xe000_0000, 128), (tie_draw, 64), (tie_draw + 1, 64), (0x4000_0000, 4)] {
+                let d = Dropout { key, rate: threshold as f32 / 4_294_967_296.0, threshold, scale: 1.5 };
+                for ((name, store), (_, mul)) in tile_generators::<STORE>().into_iter().zip(tile_generators::<MUL>()) {
+                    let ld = 70;
+                    let tile: Vec<f32> = (0..spans.len() * ld).map(|c| 0.25 + ((c * 53 + 7) % 89) as f32 / 89.0).collect();
+                    let (mut stored, mut scaled) = (tile.clone(), tile.clone());
+                    // SAFETY: every row has ld >= 64 floats; the generators listed run here.
+                    unsafe {
+                        store(stored.as_mut_ptr(), ld, spans, &d, b, h, i0, j0);
+                        mul(scaled.as_mut_ptr(), ld, spans, &d, b, h, i0, j0);
+                    }
+                    for (r, &(a, e)) in spans.iter().enumerate() {
+                        for c in 0..ld {
+                            let x = r * ld + c;
+                            if c < a || c >= e {
+                                assert_eq!((stored[x], scaled[x]), (tile[x], tile[x]), "{name}: untouched: row {r} col {c}");
+                                continue;
+                            }
+                            let i = i0 + r as u32;
+                            let want = if dropout_keep(key, threshold, b, h, i, (j0 + c) as u64) { d.scale } else { 0.0 };
+                            assert_eq!(stored[x], want, "{name} row {r} key {} T {threshold:#x}", j0 + c);
+                            assert_eq!(scaled[x], tile[x] * want, "MUL: {name} row {r} key {}", j0 + c);
                         }
-                        let i = i0 + r as u32;
-                        let want = if dropout_keep(key, threshold, b, h, i, (j0 + c) as u64) { d.scale } else { 0.0 };
-                        assert_eq!(stored[x], want, "scalar {scalar} row {r} key {} T {threshold:#x}", j0 + c);
-                        assert_eq!(scaled[x], tile[x] * want, "MUL: scalar {scalar} row {r} key {}", j0 + c);
                     }
                 }
             }
