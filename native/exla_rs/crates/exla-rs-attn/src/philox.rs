@@ -19,7 +19,7 @@ pub const W0: u32 = 0x9E37_79B9;
 pub const W1: u32 = 0xBB67_AE85;
 
 #[inline(always)]
-fn mulhilo(a: u32, b: u32) -> (u32, u32) {
+pub(crate) fn mulhilo(a: u32, b: u32) -> (u32, u32) {
     let p = u64::from(a) * u64::from(b);
     ((p >> 32) as u32, p as u32)
 }

@@ -85,7 +85,7 @@ pub(crate) unsafe fn keep_tile_scalar<const MULTIPLY: bool>(s: *mut f32, ld: usi
 pub(crate) mod avx2 {
     use std::arch::x86_64::*;
 
-    use crate::philox::{Dropout, M0, M1, W0, W1};
+    use crate::philox::{mulhilo as mulhilo1, Dropout, M0, M1, W0, W1};
 
     /// `(hi, lo)` of the eight 32×32-bit products `a·m` (`m` splatted). `_mm256_mul_epu32`
     /// multiplies the even 32-bit lanes into 64 bits, so odd lanes go through a shifted copy.
@@ -98,12 +98,6 @@ pub(crate) mod avx2 {
         let lo = _mm256_blend_epi32::<0b1010_1010>(even, _mm256_slli_epi64::<32>(odd));
         let hi = _mm256_blend_epi32::<0b1010_1010>(_mm256_srli_epi64::<32>(even), odd);
         (hi, lo)
-    }
-
-    #[inline]
-    fn mulhilo1(a: u32, b: u32) -> (u32, u32) {
-        let p = u64::from(a) * u64::from(b);
-        ((p >> 32) as u32, p as u32)
     }
 
     /// Philox4x32-10 of the counters `(oct0 + lane, i[r], h, b)`, lanes 0..8, for `R` rows at
@@ -290,7 +284,7 @@ pub(crate) mod avx2 {
 pub(crate) mod avx512 {
     use std::arch::x86_64::*;
 
-    use crate::philox::{Dropout, M0, M1, W0, W1};
+    use crate::philox::{mulhilo as mulhilo1, Dropout, M0, M1, W0, W1};
 
     /// `(hi, lo)` of the sixteen 32×32-bit products `a·m` (as the AVX2 `mulhilo`).
     #[inline]
@@ -301,12 +295,6 @@ pub(crate) mod avx512 {
         let lo = _mm512_mask_blend_epi32(0xAAAA, even, _mm512_slli_epi64::<32>(odd));
         let hi = _mm512_mask_blend_epi32(0xAAAA, _mm512_srli_epi64::<32>(even), odd);
         (hi, lo)
-    }
-
-    #[inline]
-    fn mulhilo1(a: u32, b: u32) -> (u32, u32) {
-        let p = u64::from(a) * u64::from(b);
-        ((p >> 32) as u32, p as u32)
     }
 
     /// `x` in lanes 0-7, `y` in lanes 8-15.
