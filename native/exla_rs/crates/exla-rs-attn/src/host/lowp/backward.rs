@@ -41,22 +41,7 @@ const _: () = assert!(BR.is_multiple_of(TILE_K));
 /// Whether the lowp backward takes these operands: all finite. A NaN/inf needs the f32 path's
 /// row-by-row products, which keep it away from the keys/rows that do not see it.
 pub(crate) fn takes<T: HostElement>(inp: &BwdInputs<'_, T>) -> bool {
-    [inp.q, inp.k, inp.v, inp.o, inp.d_o].iter().all(|x| all_finite(x))
-}
-
-/// Whether every element of `x` is finite. For the 16-bit types a test of the exponent bits that
-/// compiles to vector code (no early exit inside a chunk): checked per element through f32 with
-/// an early exit, this was 4% of a bf16 backward.
-fn all_finite<T: HostElement>(x: &[T]) -> bool {
-    let exp = match T::TYPE {
-        crate::ElementType::BF16 => 0x7F80u16,
-        crate::ElementType::F16 => 0x7C00u16,
-        _ => return x.iter().all(|v| v.to_f32().is_finite()),
-    };
-    assert_eq!(std::mem::size_of::<T>(), 2);
-    // SAFETY: T is a 2-byte float type (asserted); every bit pattern is a u16.
-    let bits = unsafe { std::slice::from_raw_parts(x.as_ptr().cast::<u16>(), x.len()) };
-    bits.chunks(4096).all(|c| !c.iter().fold(false, |bad, &b| bad | (b & exp == exp)))
+    [inp.q, inp.k, inp.v, inp.o, inp.d_o].iter().all(|x| pack::all_finite(x))
 }
 
 /// One (batch, head)'s packed query-side operands.
@@ -238,10 +223,13 @@ fn tile<U: TileUnit, K: Isa>(scr: &mut Scratch, opts: &AttnOptions, qp: &QueryPa
     let mut any = false;
     for r in 0..BR {
         let (pa, dxa) = (&mut scr.pa[r * BC..(r + 1) * BC], &mut scr.dxa[r * BC..(r + 1) * BC]);
-        let rg = if r < rows { scr.ranges[r] } else { KeyRange { start: 0, end: 0 } };
-        let a = rg.start.saturating_sub(j0).min(cols);
-        let e = rg.end.saturating_sub(j0).min(cols);
-        if a >= e || !lse2[r.min(rows - 1)].is_finite() || r >= rows {
+        // The row's visible columns; none past the block or on a row the forward found fully
+        // masked.
+        let (a, e) = match scr.ranges.get(r) {
+            Some(rg) if lse2[r].is_finite() => (rg.start.saturating_sub(j0).min(cols), rg.end.saturating_sub(j0).min(cols)),
+            _ => (0, 0),
+        };
+        if a >= e {
             // Masked in this tile, past the block, or a row the forward found fully masked:
             // P and dX are 0.
             pa.fill(0);

@@ -96,7 +96,7 @@ pub(crate) fn run<T: HostElement, U: TileUnit, K: Isa>(shape: &AttnShape, opts: 
         .map(|i| {
             let (bh, t) = (i / ntk, i % ntk);
             let (b, kvh) = (bh / hkv, bh % hkv);
-            (t * BC..sk.min((t + 1) * BC)).any(|j| inp.v[((b * sk + j) * hkv + kvh) * d..][..d].iter().any(|x| !x.to_f32().is_finite()))
+            (t * BC..sk.min((t + 1) * BC)).any(|j| !pack::all_finite(&inp.v[((b * sk + j) * hkv + kvh) * d..][..d]))
         })
         .collect();
 

@@ -33,13 +33,34 @@ pub(crate) fn bits(elem: Half16, x: f32) -> u16 {
 /// unit's type is the call's), else rounded from its f32 value.
 #[inline(always)]
 pub(crate) fn src_bits<T: HostElement>(elem: Half16, x: T) -> u16 {
-    let same = matches!((T::TYPE, elem), (crate::ElementType::BF16, Half16::Bf16) | (crate::ElementType::F16, Half16::F16));
-    if same && std::mem::size_of::<T>() == 2 {
+    if is_elem::<T>(elem) {
         // SAFETY: T is a 2-byte 16-bit float type (checked), every bit pattern of which is a u16.
         unsafe { std::mem::transmute_copy::<T, u16>(&x) }
     } else {
         bits(elem, x.to_f32())
     }
+}
+
+/// Whether `T` is `elem` itself (a 2-byte type whose bits the units read as they are).
+#[inline(always)]
+fn is_elem<T: HostElement>(elem: Half16) -> bool {
+    let same = matches!((T::TYPE, elem), (crate::ElementType::BF16, Half16::Bf16) | (crate::ElementType::F16, Half16::F16));
+    same && std::mem::size_of::<T>() == 2
+}
+
+/// Whether every element of `x` is finite. For the 16-bit types a test of the exponent bits that
+/// compiles to vector code (no early exit inside a chunk): checked per element through f32 with
+/// an early exit, this was 4% of a bf16 backward.
+pub(crate) fn all_finite<T: HostElement>(x: &[T]) -> bool {
+    let exp = match T::TYPE {
+        crate::ElementType::BF16 => 0x7F80u16,
+        crate::ElementType::F16 => 0x7C00u16,
+        _ => return x.iter().all(|v| v.to_f32().is_finite()),
+    };
+    assert_eq!(std::mem::size_of::<T>(), 2);
+    // SAFETY: T is a 2-byte float type (asserted); every bit pattern is a u16.
+    let bits = unsafe { std::slice::from_raw_parts(x.as_ptr().cast::<u16>(), x.len()) };
+    bits.chunks(4096).all(|c| !c.iter().fold(false, |bad, &b| bad | (b & exp == exp)))
 }
 
 /// The value of `elem`'s bits, exactly (no flushing: this is the input, not a unit's view).
@@ -143,8 +164,7 @@ mod fast {
     /// Whether the fast packers apply: 16-bit inputs of `elem`'s type, pairs whole (`d` even),
     /// AVX-512 F/BW/VL present.
     pub(super) fn usable<T: HostElement>(elem: Half16, d: usize) -> bool {
-        let same = matches!((T::TYPE, elem), (crate::ElementType::BF16, Half16::Bf16) | (crate::ElementType::F16, Half16::F16));
-        same && std::mem::size_of::<T>() == 2 && d.is_multiple_of(2) && is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512bw") && is_x86_feature_detected!("avx512vl")
+        super::is_elem::<T>(elem) && d.is_multiple_of(2) && is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512bw") && is_x86_feature_detected!("avx512vl")
     }
 
     /// # Safety

@@ -30,9 +30,7 @@ pub(crate) unsafe fn fwd_row16<K: Isa>(elem: Half16, s: *mut f32, n: usize, a: u
         *s.add(j) *= qscale;
     }
     let (m_new, sum) = K::fwd_row(s, n, a, b, softcap, m_old);
-    for j in 0..n {
-        *out.add(j) = pack::bits(elem, *s.add(j));
-    }
+    narrow16::<K>(elem, s, out, n);
     (m_new, sum)
 }
 
