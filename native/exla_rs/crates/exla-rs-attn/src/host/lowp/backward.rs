@@ -1,8 +1,8 @@
 //! The 16-bit backward on a dot-product unit, for plain calls (no optional operands, no
 //! dropout) with finite inputs: `backward.rs`'s FlashAttention-2 order with group 1, i.e. one
-//! rayon task per (batch, kv head, key tile) owning its dK/dV rows, looping over the query heads
-//! of its GQA group and the query blocks that see the tile; dQ is summed per (batch, head, query
-//! block) under a mutex.
+//! rayon task per (batch, kv head, key tile of [`BK`] keys) owning its dK/dV rows, looping over
+//! the query heads of its GQA group and the query blocks ([`BR`] rows) that see the tile; dQ is
+//! summed per (batch, head, query block) under a mutex.
 //!
 //! The five products run on the unit, none of them on a transposed per-tile operand:
 //! `S = Q·Kᵀ`, `dP = dO·Vᵀ` (reduction over d; A = Q, dO row-major), `dVᵀ += dOᵀ·P`,
@@ -28,15 +28,23 @@ use rayon::prelude::*;
 
 use super::super::kernels::{Isa, LOG2_E};
 use super::super::{BwdInputs, BwdOutputs, HostElement, SyncPtr};
-use super::pack::{self, padded_dim, BC};
+use super::pack::{self, padded_dim};
 use super::tile::{TILE_K, TILE_M, TILE_N};
 use super::rows::narrow16;
 use super::unit::{blocks, TileUnit, UnitScope};
 use crate::{AttnOptions, AttnShape, KeyRange};
 
 /// Query rows per block (the reduction of `dKᵀ`, `dVᵀ`: a multiple of [`TILE_K`]).
-const BR: usize = 64;
-const _: () = assert!(BR.is_multiple_of(TILE_K));
+///
+/// Three of the five products accumulate into f32 sums kept in memory (`dKᵀ`, `dVᵀ`, `dQ`), so
+/// each unit call loads and stores its C tiles once per reduction of `BR` (or [`BK`]) elements:
+/// at 64 (two `TDP*` steps per C load and store) AMX ran that product at 666 GFLOP/s from L1
+/// against 919 at 128 (`host_bench peak`). 128 × 128 took 6-15% off the backward (D = 64/128,
+/// causal or not, Emerald Rapids, bench/RESULTS.md); 256 rows, or 256 keys, were no faster.
+const BR: usize = 128;
+/// Keys per task (the reduction of `dQ`: a multiple of [`TILE_K`]).
+const BK: usize = 128;
+const _: () = assert!(BR.is_multiple_of(TILE_K) && BK.is_multiple_of(TILE_K));
 
 /// Whether the lowp backward takes these operands: all finite. A NaN/inf needs the f32 path's
 /// row-by-row products, which keep it away from the keys/rows that do not see it.
@@ -60,13 +68,13 @@ struct Scratch {
     kt: Vec<u16>,
     vt: Vec<u16>,
     kv: Vec<u16>,
-    /// dKᵀ, dVᵀ of the task's keys: `dp × BC` f32.
+    /// dKᵀ, dVᵀ of the task's keys: `dp × BK` f32.
     dkt: Vec<f32>,
     dvt: Vec<f32>,
     s: Vec<f32>,
     dp: Vec<f32>,
     p: Vec<f32>,
-    /// P and dX rounded, row-major `BR × BC` (dX: the A of dQ).
+    /// P and dX rounded, row-major `BR × BK` (dX: the A of dQ).
     pa: Vec<u16>,
     dxa: Vec<u16>,
     /// P and dX as B operands along the query rows ([`pack::vnni_rows`]).
@@ -88,7 +96,7 @@ pub(crate) fn run<T: HostElement, U: TileUnit, K: Isa>(shape: &AttnShape, opts: 
     let g = shape.group();
     let dp = padded_dim(d);
     let nqb = sq.div_ceil(BR);
-    let nkb = sk.div_ceil(BC);
+    let nkb = sk.div_ceil(BK);
     let sqp = nqb * BR;
 
     // Δ = rowsum(dO∘O) and lse·log2(e) per row; the query-side packs per (batch, head).
@@ -120,31 +128,31 @@ pub(crate) fn run<T: HostElement, U: TileUnit, K: Isa>(shape: &AttnShape, opts: 
     let (packs, di, lse2, dq_acc) = (&packs[..], &di[..], &lse2[..], &dq_acc[..]);
     (0..batch * hkv * nkb).into_par_iter().for_each_init(
         || Scratch {
-            kt: vec![0; BC * dp],
-            vt: vec![0; BC * dp],
-            kv: vec![0; BC * dp],
-            dkt: vec![0.0; dp * BC],
-            dvt: vec![0.0; dp * BC],
-            s: vec![0.0; BR * BC],
-            dp: vec![0.0; BR * BC],
-            p: vec![0.0; BR * BC],
-            pa: vec![0; BR * BC],
-            dxa: vec![0; BR * BC],
-            pv: vec![0; BR * BC],
-            dxv: vec![0; BR * BC],
+            kt: vec![0; BK * dp],
+            vt: vec![0; BK * dp],
+            kv: vec![0; BK * dp],
+            dkt: vec![0.0; dp * BK],
+            dvt: vec![0.0; dp * BK],
+            s: vec![0.0; BR * BK],
+            dp: vec![0.0; BR * BK],
+            p: vec![0.0; BR * BK],
+            pa: vec![0; BR * BK],
+            dxa: vec![0; BR * BK],
+            pv: vec![0; BR * BK],
+            dxv: vec![0; BR * BK],
             ranges: Vec::with_capacity(BR),
         },
         |scr, task| {
             let (bkv, kb) = (task / nkb, task % nkb);
             let (b, kvh) = (bkv / hkv, bkv % hkv);
-            let j0 = kb * BC;
-            let cols = BC.min(sk - j0);
+            let j0 = kb * BK;
+            let cols = BK.min(sk - j0);
             let at = |j: usize| ((b * sk + j0 + j) * hkv + kvh) * d;
             // The packers write every element (keys past `cols` as zeros).
             let (krows, vrows) = (pack::Rows { base: &inp.k[at(0)..], stride: hkv * d }, pack::Rows { base: &inp.v[at(0)..], stride: hkv * d });
-            pack::pack_kt(elem, &mut scr.kt, cols, BC, d, dp, krows);
-            pack::pack_kt(elem, &mut scr.vt, cols, BC, d, dp, vrows);
-            pack::pack_vt(elem, &mut scr.kv, cols, BC, d, dp, krows);
+            pack::pack_kt(elem, &mut scr.kt, cols, BK, d, dp, krows);
+            pack::pack_kt(elem, &mut scr.vt, cols, BK, d, dp, vrows);
+            pack::pack_vt(elem, &mut scr.kv, cols, BK, d, dp, krows);
             scr.dkt.fill(0.0);
             scr.dvt.fill(0.0);
             let (kvl, qst) = (inp.kv_len[b], inp.q_start[b]);
@@ -167,9 +175,9 @@ pub(crate) fn run<T: HostElement, U: TileUnit, K: Isa>(shape: &AttnShape, opts: 
                         // dQ += dX·K straight into the block's sum (the unit adds as it
                         // multiplies: a separate f32 add of every product was 10% of the pass).
                         let mut acc = dq_acc[bhq * nqb + qb].lock().unwrap_or_else(|e| e.into_inner());
-                        // SAFETY: dxa is BR × BC (mg groups, BC/32 steps), kv dp/16 panels of
-                        // BC·16, acc BR × dp.
-                        unsafe { blocks::<U>(scr.dxa.as_ptr(), BC, scr.kv.as_ptr(), BC * TILE_N, acc.as_mut_ptr(), dp, rows.div_ceil(TILE_M), dp / TILE_N, BC / TILE_K, true) };
+                        // SAFETY: dxa is BR × BK (mg groups, BK/32 steps), kv dp/16 panels of
+                        // BK·16, acc BR × dp.
+                        unsafe { blocks::<U>(scr.dxa.as_ptr(), BK, scr.kv.as_ptr(), BK * TILE_N, acc.as_mut_ptr(), dp, rows.div_ceil(TILE_M), dp / TILE_N, BK / TILE_K, true) };
                     }
                 }
             }
@@ -180,8 +188,8 @@ pub(crate) fn run<T: HostElement, U: TileUnit, K: Isa>(shape: &AttnShape, opts: 
                     let dk = std::slice::from_raw_parts_mut(dk_ptr.get().add(dst), d);
                     let dv = std::slice::from_raw_parts_mut(dv_ptr.get().add(dst), d);
                     for (dd, (o, v)) in dk.iter_mut().zip(dv.iter_mut()).enumerate() {
-                        *o = T::from_f32(opts.scale * scr.dkt[dd * BC + c]);
-                        *v = T::from_f32(scr.dvt[dd * BC + c]);
+                        *o = T::from_f32(opts.scale * scr.dkt[dd * BK + c]);
+                        *v = T::from_f32(scr.dvt[dd * BK + c]);
                     }
                 }
             }
@@ -215,14 +223,14 @@ fn tile<U: TileUnit, K: Isa>(scr: &mut Scratch, opts: &AttnOptions, qp: &QueryPa
     let mg = rows.div_ceil(TILE_M);
     let blk = qb * BR * dp..(qb + 1) * BR * dp;
     let (qa, doa, qt, dot) = (&qp.qa[blk.clone()], &qp.doa[blk.clone()], &qp.qt[blk.clone()], &qp.dot[blk]);
-    // SAFETY: qa/doa hold BR ≥ 16·mg rows of dp; kt/vt BC/16 panels of dp·16; s/dp BR × BC.
+    // SAFETY: qa/doa hold BR ≥ 16·mg rows of dp; kt/vt BK/16 panels of dp·16; s/dp BR × BK.
     unsafe {
-        blocks::<U>(qa.as_ptr(), dp, scr.kt.as_ptr(), dp * TILE_N, scr.s.as_mut_ptr(), BC, mg, BC / TILE_N, dp / TILE_K, false);
-        blocks::<U>(doa.as_ptr(), dp, scr.vt.as_ptr(), dp * TILE_N, scr.dp.as_mut_ptr(), BC, mg, BC / TILE_N, dp / TILE_K, false);
+        blocks::<U>(qa.as_ptr(), dp, scr.kt.as_ptr(), dp * TILE_N, scr.s.as_mut_ptr(), BK, mg, BK / TILE_N, dp / TILE_K, false);
+        blocks::<U>(doa.as_ptr(), dp, scr.vt.as_ptr(), dp * TILE_N, scr.dp.as_mut_ptr(), BK, mg, BK / TILE_N, dp / TILE_K, false);
     }
     let mut any = false;
     for r in 0..BR {
-        let (pa, dxa) = (&mut scr.pa[r * BC..(r + 1) * BC], &mut scr.dxa[r * BC..(r + 1) * BC]);
+        let (pa, dxa) = (&mut scr.pa[r * BK..(r + 1) * BK], &mut scr.dxa[r * BK..(r + 1) * BK]);
         // The row's visible columns; none past the block or on a row the forward found fully
         // masked.
         let (a, e) = match scr.ranges.get(r) {
@@ -236,29 +244,29 @@ fn tile<U: TileUnit, K: Isa>(scr: &mut Scratch, opts: &AttnOptions, qp: &QueryPa
             dxa.fill(0);
             continue;
         }
-        let (srow, prow) = (&mut scr.s[r * BC..(r + 1) * BC], &mut scr.p[r * BC..(r + 1) * BC]);
+        let (srow, prow) = (&mut scr.s[r * BK..(r + 1) * BK], &mut scr.p[r * BK..(r + 1) * BK]);
         for x in srow.iter_mut() {
             *x *= opts.scale;
         }
-        // SAFETY: rows of BC elements (a multiple of 16); a < e ≤ cols ≤ BC; K's features
+        // SAFETY: rows of BK elements (a multiple of 16); a < e ≤ cols ≤ BK; K's features
         // were detected by the dispatcher.
         unsafe {
-            K::bwd_row(srow.as_mut_ptr(), scr.dp[r * BC..].as_ptr(), prow.as_mut_ptr(), BC, a, e, opts.softcap, lse2[r], di[r]);
-            narrow16::<K>(elem, prow.as_ptr(), pa.as_mut_ptr(), BC);
-            narrow16::<K>(elem, srow.as_ptr(), dxa.as_mut_ptr(), BC);
+            K::bwd_row(srow.as_mut_ptr(), scr.dp[r * BK..].as_ptr(), prow.as_mut_ptr(), BK, a, e, opts.softcap, lse2[r], di[r]);
+            narrow16::<K>(elem, prow.as_ptr(), pa.as_mut_ptr(), BK);
+            narrow16::<K>(elem, srow.as_ptr(), dxa.as_mut_ptr(), BK);
         }
         any = true;
     }
     if !any {
         return false;
     }
-    pack::vnni_rows(&scr.pa, BC, BR, BC, &mut scr.pv);
-    pack::vnni_rows(&scr.dxa, BC, BR, BC, &mut scr.dxv);
-    // SAFETY: dot/qt are dp × BR (dp/16 row groups, BR/32 steps), pv/dxv BC/16 panels of BR·16,
-    // dvt/dkt dp × BC.
+    pack::vnni_rows(&scr.pa, BK, BR, BK, &mut scr.pv);
+    pack::vnni_rows(&scr.dxa, BK, BR, BK, &mut scr.dxv);
+    // SAFETY: dot/qt are dp × BR (dp/16 row groups, BR/32 steps), pv/dxv BK/16 panels of BR·16,
+    // dvt/dkt dp × BK.
     unsafe {
-        blocks::<U>(dot.as_ptr(), BR, scr.pv.as_ptr(), BR * TILE_N, scr.dvt.as_mut_ptr(), BC, dp / TILE_M, BC / TILE_N, BR / TILE_K, true);
-        blocks::<U>(qt.as_ptr(), BR, scr.dxv.as_ptr(), BR * TILE_N, scr.dkt.as_mut_ptr(), BC, dp / TILE_M, BC / TILE_N, BR / TILE_K, true);
+        blocks::<U>(dot.as_ptr(), BR, scr.pv.as_ptr(), BR * TILE_N, scr.dvt.as_mut_ptr(), BK, dp / TILE_M, BK / TILE_N, BR / TILE_K, true);
+        blocks::<U>(qt.as_ptr(), BR, scr.dxv.as_ptr(), BR * TILE_N, scr.dkt.as_mut_ptr(), BK, dp / TILE_M, BK / TILE_N, BR / TILE_K, true);
     }
     true
 }
