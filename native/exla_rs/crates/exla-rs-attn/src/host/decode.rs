@@ -15,11 +15,18 @@
 //!   registers: no converted copy is written and read back, and each key vector is loaded once
 //!   for up to 4 query rows (Q pre-scaled by `scale·log2(e)`). Between them the online-softmax
 //!   row kernel runs on each row.
-//! - Each phase asks for the rows the next one reads (cache hints spread over its steps): V
-//!   while the scores run, the next sub-block's K while `P·V` does. The hardware prefetchers
-//!   alone stop at every 4 KiB page (a key of every head is one page at D = 128, f32) and run
-//!   too little ahead for a core that also computes: without the hints the same code took 15%
-//!   (f32) to 35% (bf16) longer here (2-core Zen 3).
+//! - bf16 is widened two vectors per load with no shuffle, its columns split even/odd
+//!   ([`bf16_slot`]): Q is stored in that order, `o` is accumulated in it and put back by the
+//!   merge. Half the widening operations, on the ports the FMAs use; with the scores' sums
+//!   folded together (`store_hsum_4x2`) and the hints below into L2, bf16 decode went from
+//!   8.1 / 38.7 ms to 6.8 / 27.3 ms at Sk = 4096 / 16384 (`host_bench decode`, best of 12
+//!   alternated rounds on the 2-vCPU Emerald Rapids: 73% / 61% of the read bandwidth measured
+//!   in the same minutes, 22.8 GB/s, to 87% / 86%).
+//! - Each phase asks for the rows the next one reads (cache hints into L2, spread over its
+//!   steps): V while the scores run, the next sub-block's K while `P·V` does. The hardware
+//!   prefetchers alone stop at every 4 KiB page (a key of every head is one page at D = 128,
+//!   f32) and run too little ahead for a core that also computes: without the hints the same
+//!   code took 15% (f32) to 35% (bf16) longer here (2-core Zen 3).
 //! - A head dim the vectors do not divide (D = 1, 8 on AVX-512, ...) is widened into padded f32
 //!   scratch a sub-block at a time instead, and read from there by the same kernels.
 //! - A second pass merges each row's chunks: `m = max m_c`, `l = Σ l_c·2^(m_c - m)`,
@@ -30,7 +37,7 @@
 
 use rayon::prelude::*;
 
-use super::kernels::{Cache, HeadRows, Isa, Prefetch, RowExtra, LOG2_E, NO_EXT, PAD, SRC_BF16, SRC_F16, SRC_F32};
+use super::kernels::{bf16_slot, Cache, HeadRows, Isa, Prefetch, RowExtra, LOG2_E, NO_EXT, PAD, SRC_BF16, SRC_F16, SRC_F32};
 use super::{finish_row, online_update, round_up, FwdInputs, FwdOutputs, HostElement, SyncPtr};
 use crate::{AttnOptions, AttnShape, ElementType, KeyRange};
 
@@ -126,6 +133,11 @@ pub(super) fn run<T: HostElement, K: Isa>(shape: &AttnShape, opts: &AttnOptions,
     // The kernels read whole vectors: a head dim they divide is read in place, in the cache's own
     // type; any other is widened into padded f32 scratch a sub-block at a time.
     let in_place = d % K::LANES == 0;
+    // Where column t of q and o sits in the task's f32 rows: a bf16 cache read in place is
+    // widened a block of two vectors at a time with their columns split even/odd
+    // (`bf16_slot`), so q is stored that way and o comes back that way, put in order by the merge.
+    let slot: Vec<usize> = (0..d).map(|t| if in_place && T::TYPE == ElementType::BF16 { bf16_slot(t, d, K::LANES) } else { t }).collect();
+    let slot = &slot[..];
     let sub = if in_place { SUB_CACHE_BYTES / (2 * row_elems * std::mem::size_of::<T>()) } else { SUB_BYTES / (hkv * dp * 4) };
     let sub = (sub / PAD * PAD).clamp(PAD, SUB);
     let threads = rayon::current_num_threads().max(1);
@@ -146,7 +158,7 @@ pub(super) fn run<T: HostElement, K: Isa>(shape: &AttnShape, opts: &AttnOptions,
         if !in_place || j >= e {
             return Prefetch::NONE;
         }
-        Prefetch { base: x[j * row_elems..].as_ptr() as *const u8, stride: 0, rows: 1, lines: ((e - j) * key_bytes).div_ceil(64) }
+        Prefetch { base: x[j * row_elems..].as_ptr() as *const u8, stride: 0, rows: 1, lines: ((e - j) * key_bytes).div_ceil(64), l2: true }
     };
 
     part_o.par_chunks_mut(hkv * r * dp).zip(part_ml.par_chunks_mut(hkv * r)).enumerate().for_each_init(
@@ -172,8 +184,8 @@ pub(super) fn run<T: HostElement, K: Isa>(shape: &AttnShape, opts: &AttnOptions,
                     let (hh, i) = (row / sq, row % sq);
                     let src = ((b * sq + i) * h + kvh * g + hh) * d;
                     let dst = &mut scr.qs[(kvh * r + row) * dp..(kvh * r + row) * dp + d];
-                    for (o, x) in dst.iter_mut().zip(&inp.q[src..src + d]) {
-                        *o = qscale * x.to_f32();
+                    for (&at, x) in slot.iter().zip(&inp.q[src..src + d]) {
+                        dst[at] = qscale * x.to_f32();
                     }
                 }
             }
@@ -304,8 +316,10 @@ pub(super) fn run<T: HostElement, K: Isa>(shape: &AttnShape, opts: &AttnOptions,
                 }
                 let w = (mc - m).exp2();
                 l += lc * w;
-                for (a, x) in acc[..d].iter_mut().zip(&part_o[parts(c) * dp..parts(c) * dp + d]) {
-                    *a += w * x;
+                // Back in column order (`slot`).
+                let part = &part_o[parts(c) * dp..parts(c) * dp + d];
+                for (a, &at) in acc[..d].iter_mut().zip(slot) {
+                    *a += w * part[at];
                 }
             }
         }

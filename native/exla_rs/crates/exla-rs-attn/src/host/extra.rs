@@ -97,7 +97,7 @@ impl<'a> Prep<'a> {
         let Some(Bias { data: BiasData::F32(x), dims }) = &self.bias else { return Prefetch::NONE };
         let off = bias_row(dims, b, hq, i0) + tile * BC;
         let per_query = dims[2] != 1;
-        Prefetch { base: x.as_ptr().wrapping_add(off) as *const u8, stride: dims[3] * 4, rows: if per_query { rows } else { 1 }, lines: BC * 4 / 64 }
+        Prefetch { base: x.as_ptr().wrapping_add(off) as *const u8, stride: dims[3] * 4, rows: if per_query { rows } else { 1 }, lines: BC * 4 / 64, l2: false }
     }
 
     /// Whether key tile `tile` of batch row `b` can contribute (false only when `key_mask`

@@ -46,17 +46,19 @@ pub(crate) struct Prefetch {
     pub stride: usize,
     pub rows: usize,
     pub lines: usize,
+    /// Ask L2 alone for the lines (else L1 too): see [`super::prefetch::prefetch_line_l2`].
+    pub l2: bool,
 }
 
 impl Prefetch {
-    pub(crate) const NONE: Prefetch = Prefetch { base: core::ptr::null(), stride: 0, rows: 0, lines: 0 };
+    pub(crate) const NONE: Prefetch = Prefetch { base: core::ptr::null(), stride: 0, rows: 0, lines: 0, l2: false };
 
     /// A cursor that hands out this plan's requests over `calls` micro-kernel calls.
     #[inline(always)]
     fn spread(&self, calls: usize) -> PrefetchCursor {
         let total = self.rows * self.lines;
         let calls = calls.max(1);
-        PrefetchCursor { row: self.base, line: 0, lines: self.lines, stride: self.stride, per_call: total / calls, rem: total % calls, err: 0, calls }
+        PrefetchCursor { row: self.base, line: 0, lines: self.lines, stride: self.stride, per_call: total / calls, rem: total % calls, err: 0, calls, l2: self.l2 }
     }
 }
 
@@ -75,6 +77,7 @@ struct PrefetchCursor {
     rem: usize,
     err: usize,
     calls: usize,
+    l2: bool,
 }
 
 impl PrefetchCursor {
@@ -88,7 +91,12 @@ impl PrefetchCursor {
             n += 1;
         }
         for _ in 0..n {
-            super::prefetch::prefetch_line(self.row.wrapping_add(self.line * 64));
+            let p = self.row.wrapping_add(self.line * 64);
+            if self.l2 {
+                super::prefetch::prefetch_line_l2(p);
+            } else {
+                super::prefetch::prefetch_line(p);
+            }
             self.line += 1;
             if self.line == self.lines {
                 self.line = 0;
@@ -121,6 +129,21 @@ pub(crate) static IOTA: [f32; 16] = [0., 1., 2., 3., 4., 5., 6., 7., 8., 9., 10.
 pub(crate) const SRC_F32: u8 = 0;
 pub(crate) const SRC_BF16: u8 = 1;
 pub(crate) const SRC_F16: u8 = 2;
+
+/// Where column `t` of a head row of `d` columns sits in the `q` rows of [`Isa::dec_scores`] and
+/// the `o` rows of [`Isa::dec_pv`] when they read a `SRC_BF16` cache: each whole block of
+/// `2·lanes` columns holds its even columns, then its odd ones (the order `load_bf16_pair` widens
+/// a block in, with no shuffle), and a last block of `lanes` (`d` an odd number of vectors) keeps
+/// its order. A dot product takes its terms in any order, so `q` is stored in this one, and `o`,
+/// accumulated in it, is put back once at the end (`decode.rs`).
+pub(crate) fn bf16_slot(t: usize, d: usize, lanes: usize) -> usize {
+    let (block, at) = (t / (2 * lanes) * (2 * lanes), t % (2 * lanes));
+    if block + 2 * lanes > d {
+        t
+    } else {
+        block + at / 2 + (at % 2) * lanes
+    }
+}
 
 /// A run of keys of a K or V cache, as [`Isa::dec_scores`] and [`Isa::dec_pv`] read it: key `j`'s
 /// row for kv head `h` is the `d` elements (a multiple of the lane count) from element
@@ -170,12 +193,14 @@ pub(crate) trait Isa: Send + Sync + 'static {
     /// `out[h, i, j] = Σ_{t<d} q[h, i, t]·K_h[j, t]` (`q` and `out` as [`HeadRows`], `out` with its keys
     /// along the row). Keys are taken in order, every head's row of a key before the next key (the
     /// cache's own order), and each key vector is loaded once for up to 4 rows. `pf`'s lines are
-    /// asked for along the way (the caller's next run).
+    /// asked for along the way (the caller's next run). A `SRC_BF16` cache wants `q`'s columns in
+    /// [`bf16_slot`] order.
     #[allow(clippy::too_many_arguments)]
     unsafe fn dec_scores(q: HeadRows, rows: usize, heads: usize, k: &Cache, n: usize, out: HeadRows, pf: Prefetch);
     /// Decode `P·V`, for heads `h < heads`, rows `i < rows`: `o[h, i, t] += Σ_{a≤j<e} p[h, i, j]·V_h[j, t]`
     /// for `t < v.d` (`p`, `o` as [`HeadRows`]). Keys in groups, in the cache's order as
-    /// [`Isa::dec_scores`]; each V vector loaded once for up to 4 rows; `pf` as there.
+    /// [`Isa::dec_scores`]; each V vector loaded once for up to 4 rows; `pf` as there. From a
+    /// `SRC_BF16` cache, `o`'s columns are in [`bf16_slot`] order.
     #[allow(clippy::too_many_arguments)]
     unsafe fn dec_pv(p: HeadRows, rows: usize, heads: usize, v: &Cache, a: usize, e: usize, o: HeadRows, pf: Prefetch);
     /// `dst[0..n]` = the f16 (`f16 = true`) or bf16 values at `src` as f32.
@@ -232,6 +257,8 @@ macro_rules! isa_kernels {
             /// (AVX-512: 6×4 zmm accumulators + 4 B vectors + 1 broadcast of 32).
             const R_MAIN: usize = $r_main;
             const NV_MAIN: usize = $nv_main;
+            // `dec_pv` reads bf16 a pair of vectors at a time from the start of each run.
+            const _: () = assert!(NV_MAIN % 2 == 0);
 
             $(#[$feat])?
             #[inline]
@@ -361,7 +388,26 @@ macro_rules! isa_kernels {
             #[inline]
             unsafe fn dots_micro<const RW: usize, const KY: usize, const W: u8>((q, q_rs, k, k_rs, d, out, out_rs): (*const f32, usize, *const u8, usize, usize, *mut f32, usize)) -> usize {
                 let mut acc: [[V; KY]; RW] = [[s::zero(); KY]; RW];
-                for t in (0..d).step_by(L) {
+                let mut t = 0;
+                if W == SRC_BF16 {
+                    // Whole blocks of 2L columns, widened as (even, odd) halves: q holds each
+                    // block in that order (`bf16_slot`).
+                    while t + 2 * L <= d {
+                        let (mut ke, mut ko): ([V; KY], [V; KY]) = ([s::zero(); KY], [s::zero(); KY]);
+                        for kk in 0..KY {
+                            (ke[kk], ko[kk]) = s::load_bf16_pair((k as *const u16).add(kk * k_rs + t));
+                        }
+                        for rw in 0..RW {
+                            let (qe, qo) = (s::load(q.add(rw * q_rs + t)), s::load(q.add(rw * q_rs + t + L)));
+                            for kk in 0..KY {
+                                acc[rw][kk] = s::fma(qo, ko[kk], s::fma(qe, ke[kk], acc[rw][kk]));
+                            }
+                        }
+                        t += 2 * L;
+                    }
+                }
+                // Any other type, and a last single vector of bf16, in order.
+                for t in (t..d).step_by(L) {
                     let mut kv: [V; KY] = [s::zero(); KY];
                     for kk in 0..KY {
                         kv[kk] = load_src::<W>(k, kk * k_rs + t);
@@ -412,6 +458,8 @@ macro_rules! isa_kernels {
                         let vp = v.ptr.add(h * v.head_rs * size);
                         let mut jv = 0;
                         while jv < nvec {
+                            // Every run of columns but the last is NV_MAIN (even) vectors, so
+                            // each starts on a bf16 block of two (`bf16_slot`).
                             let nv = (nvec - jv).min(NV_MAIN);
                             let mut i = 0;
                             while i < rows {
@@ -459,8 +507,17 @@ macro_rules! isa_kernels {
                 }
                 for j in j0..j1 {
                     let mut bv: [V; NV] = [s::zero(); NV];
-                    for c in 0..NV {
-                        bv[c] = load_src::<W>(v, j * v_rs + col + c * L);
+                    let mut c = 0;
+                    while c < NV {
+                        if W == SRC_BF16 && c + 1 < NV {
+                            // Two vectors' columns as (even, odd) halves: `o` holds them in that
+                            // order (`bf16_slot`; `col` is a whole number of pairs, see dec_pv).
+                            (bv[c], bv[c + 1]) = s::load_bf16_pair((v as *const u16).add(j * v_rs + col + c * L));
+                            c += 2;
+                        } else {
+                            bv[c] = load_src::<W>(v, j * v_rs + col + c * L);
+                            c += 1;
+                        }
                     }
                     for r in 0..R {
                         let av = s::splat(*p.add(r * p_rs + j));

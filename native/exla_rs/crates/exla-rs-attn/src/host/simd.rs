@@ -54,6 +54,18 @@ pub(crate) mod avx512 {
     pub unsafe fn load_bf16(p: *const u16) -> V {
         _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(_mm256_loadu_si256(p as *const __m256i))))
     }
+    /// 32 bf16 widened with no shuffle: each 32-bit lane holds two of them, the even-indexed one
+    /// in its low half (shifted up) and the odd one in its high half (masked), so the result is
+    /// `(even-indexed, odd-indexed)` elements. `vpmovzxwd` (what [`load_bf16`] takes) runs on
+    /// the one shuffle port the 512-bit FMAs share, and needs a shift after it, per 16.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    pub unsafe fn load_bf16_pair(p: *const u16) -> (V, V) {
+        let x = _mm512_loadu_si512(p as *const __m512i);
+        let even = _mm512_slli_epi32::<16>(x);
+        let odd = _mm512_and_si512(x, _mm512_set1_epi32(0xFFFF_0000u32 as i32));
+        (_mm512_castsi512_ps(even), _mm512_castsi512_ps(odd))
+    }
     /// 16 f16 widened (exact).
     #[inline]
     #[target_feature(enable = "avx512f")]
@@ -101,23 +113,57 @@ pub(crate) mod avx512 {
     pub unsafe fn hsum(a: V) -> f32 {
         _mm512_reduce_add_ps(a)
     }
+    // Several sums at once: the vectors are folded together, each step halving their width and
+    // packing two into one register, so one shuffle pair and one add serve two sums at every step.
+    // A lone `hsum` takes 8 operations (the decode scores take one per query row and key: as many
+    // as their FMAs at D = 128); eight of them folded take 25, four take 15.
+
+    /// `[x.lo + x.hi, y.lo + y.hi]` (256-bit halves).
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn fold_halves(x: V, y: V) -> V {
+        _mm512_add_ps(_mm512_shuffle_f32x4::<0x44>(x, y), _mm512_shuffle_f32x4::<0xEE>(x, y))
+    }
+    /// Two [`fold_halves`] results `[a, b]` and `[c, d]` folded once more: 128-bit quarters
+    /// `[a, b, c, d]`, each with the four lanes that sum to its vector.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn fold_quarters(x: V, y: V) -> V {
+        _mm512_add_ps(_mm512_shuffle_f32x4::<0x88>(x, y), _mm512_shuffle_f32x4::<0xDD>(x, y))
+    }
+    /// Quarter `k` of `u` and of `w` ([`fold_quarters`] results) summed within: quarter `k` of
+    /// the result is `[u_k, u_k, w_k, w_k]`.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn quarter_sums(u: V, w: V) -> V {
+        let r = _mm512_add_ps(_mm512_shuffle_ps::<0x44>(u, w), _mm512_shuffle_ps::<0xEE>(u, w));
+        _mm512_add_ps(r, _mm512_permute_ps::<0xB1>(r))
+    }
     /// `out[0..4]` = the sums of `v[0..4]`.
     #[inline]
     #[target_feature(enable = "avx512f")]
     pub unsafe fn store_hsum4(v: &[V; 4], out: *mut f32) {
-        for (k, &x) in v.iter().enumerate() {
-            *out.add(k) = hsum(x);
-        }
+        let u = fold_quarters(fold_halves(v[0], v[1]), fold_halves(v[2], v[3]));
+        let s = quarter_sums(u, u);
+        // Lane 0 of each quarter.
+        let at = _mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
+        _mm_storeu_ps(out, _mm512_castps512_ps128(_mm512_permutexvar_ps(at, s)));
     }
-    /// `out[i·rs + k]` = the sum of `acc[i][k]`.
+    /// `out[i·rs + k]` = the sum of `acc[i][k]`: each row's two sums in one 8-byte store.
     #[inline]
     #[target_feature(enable = "avx512f")]
     pub unsafe fn store_hsum_4x2(acc: &[[V; 2]; 4], out: *mut f32, rs: usize) {
-        for (i, row) in acc.iter().enumerate() {
-            for (k, &x) in row.iter().enumerate() {
-                *out.add(i * rs + k) = hsum(x);
-            }
-        }
+        // Quarter i of u (w) sums to acc[i][0] (acc[i][1]).
+        let u = fold_quarters(fold_halves(acc[0][0], acc[1][0]), fold_halves(acc[2][0], acc[3][0]));
+        let w = fold_quarters(fold_halves(acc[0][1], acc[1][1]), fold_halves(acc[2][1], acc[3][1]));
+        // Lanes 0 and 2 of each quarter: row 0's two sums, row 1's, ...
+        let at = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 0, 0, 0, 0, 0, 0, 0, 0);
+        let s = _mm512_permutexvar_ps(at, quarter_sums(u, w));
+        let (lo, hi) = (_mm_castps_pd(_mm512_castps512_ps128(s)), _mm_castps_pd(_mm512_extractf32x4_ps::<1>(s)));
+        _mm_storel_pd(out as *mut f64, lo);
+        _mm_storeh_pd(out.add(rs) as *mut f64, lo);
+        _mm_storel_pd(out.add(2 * rs) as *mut f64, hi);
+        _mm_storeh_pd(out.add(3 * rs) as *mut f64, hi);
     }
     #[inline]
     #[target_feature(enable = "avx512f")]
@@ -168,6 +214,16 @@ pub(crate) mod avx2 {
     #[target_feature(enable = "avx2,fma")]
     pub unsafe fn load_bf16(p: *const u16) -> V {
         _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(_mm_loadu_si128(p as *const __m128i))))
+    }
+    /// 16 bf16 as `(even-indexed, odd-indexed)` elements widened, with no shuffle (see the
+    /// AVX-512 `load_bf16_pair`).
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn load_bf16_pair(p: *const u16) -> (V, V) {
+        let x = _mm256_loadu_si256(p as *const __m256i);
+        let even = _mm256_slli_epi32::<16>(x);
+        let odd = _mm256_and_si256(x, _mm256_set1_epi32(0xFFFF_0000u32 as i32));
+        (_mm256_castsi256_ps(even), _mm256_castsi256_ps(odd))
     }
     /// 8 f16 widened (exact; F16C, which every AVX2 CPU has and `available()` checks).
     #[inline]
@@ -289,6 +345,11 @@ pub(crate) mod scalar {
     #[inline(always)]
     pub unsafe fn load_bf16(p: *const u16) -> V {
         f32::from_bits(u32::from(*p) << 16)
+    }
+    /// Two bf16 as `(even-indexed, odd-indexed)`: with one lane, the elements in order.
+    #[inline(always)]
+    pub unsafe fn load_bf16_pair(p: *const u16) -> (V, V) {
+        (load_bf16(p), load_bf16(p.add(1)))
     }
     #[inline(always)]
     pub unsafe fn load_f16(p: *const u16) -> V {
