@@ -6,7 +6,8 @@
 //! times that input type instead of f32 (the same random values, rounded).
 //! `host_bench peak`: this core's f32 FMA peak (independent AVX2 and AVX-512 FMA chains,
 //! registers only), the roofline the f32 kernels are held against, and the dot-product units'
-//! rates (`exla_rs_attn::host::unit_rates`: AMX, AVX512-BF16) the 16-bit kernels are held against.
+//! rates (`exla_rs_attn::host::unit_rates`: AMX, AVX512-BF16) the 16-bit kernels are held against,
+//! and whether AMX products and AVX-512 row passes overlap (`exla_rs_attn::host::overlap`).
 //! `host_bench bandwidth [MiB] [reps]`: this machine's read bandwidth, every core summing its share
 //! of one f32 buffer (1 GiB by default, far past the caches): the roof decode is held against.
 
@@ -155,6 +156,16 @@ fn main() {
         }
         for r in exla_rs_attn::host::unit_rates() {
             println!("{}: {:.1} GFLOP/s per core", r.what, r.gflops);
+        }
+        if let Some(o) = exla_rs_attn::host::overlap(200_000) {
+            println!(
+                "AMX beside AVX-512, 200000 of each: products {:.1} ms, row passes {:.1} ms, interleaved {:.1} ms (sum {:.1}, max {:.1})",
+                o.products,
+                o.rows,
+                o.interleaved,
+                o.products + o.rows,
+                o.products.max(o.rows)
+            );
         }
         return;
     }

@@ -62,7 +62,7 @@ mod tiles;
 mod tests;
 
 pub use element::HostElement;
-pub use lowp::peak::{unit_rates, UnitRate};
+pub use lowp::peak::{overlap, unit_rates, Overlap, UnitRate};
 
 use crate::{AttnError, AttnOptions, AttnShape, BiasGrad, ElementType, Extras, Pass};
 

@@ -13,6 +13,11 @@
 //!   tile halved the unit's rate: `host_bench peak`), and the per-row costs (max, sum, rescale
 //!   of O) a quarter as often.
 //!
+//! The row pass runs after a step's products, not beside the next step's: on the one AMX machine
+//! measured (an Emerald Rapids KVM guest), a row pass after each 2 × 2 product took as long as the
+//! two apart or longer (`host::overlap`, `host_bench peak`), and a forward that interleaved the
+//! next step's `S` products with the row pass was 5-10% slower (bench/RESULTS.md).
+//!
 //! The unit always multiplies whole 16-row groups; rows past a block's end are zeros in Q and
 //! P, and their results are never read.
 

@@ -42,6 +42,81 @@ fn block_rate<U: TileUnit>(kblocks: usize, reps: usize, accumulate: bool) -> f64
         .fold(0.0, f64::max)
 }
 
+/// Whether the TMUL and the vector ports overlap: the same work three ways, in ms (best of 5).
+#[derive(Clone, Debug)]
+pub struct Overlap {
+    /// `n` AMX 2 × 2 block products (C = A·B, k = 128, operands in L1), back to back.
+    pub products: f64,
+    /// `n` forward row passes (256 scores: scale, max, `exp2`, sum, bf16 P; AVX-512), back to back.
+    pub rows: f64,
+    /// The same, one row pass after each product: what a key loop that hides its row pass behind
+    /// the next step's products would run. At or above `products + rows`: no overlap.
+    pub interleaved: f64,
+}
+
+/// [`Overlap`] with `n` of each, where AMX-BF16 and AVX-512 run (None elsewhere).
+pub fn overlap(n: usize) -> Option<Overlap> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use super::super::kernels::avx512::Kernels;
+        use super::amx::{self, Amx};
+        use super::model::Half16;
+        use super::rows::fwd_row16;
+        if !amx::detected().bf16 {
+            return None;
+        }
+        const KEYS: usize = 256;
+        let kblocks = 4;
+        let a: Vec<u16> = (0..2 * TILE_M * kblocks * TILE_K).map(|i| 0x3F80 + (i % 7) as u16).collect();
+        let b: Vec<u16> = (0..2 * kblocks * TILE_M * TILE_K).map(|i| 0x3F00 + (i % 5) as u16).collect();
+        let mut c = vec![0f32; 2 * TILE_M * 2 * TILE_N];
+        let panel = kblocks * TILE_M * TILE_K;
+        let g = TileGemm { a: a.as_ptr(), lda: kblocks * TILE_K, b: b.as_ptr(), c: c.as_mut_ptr(), ldc: 2 * TILE_N, kblocks, accumulate: false, prefetch: core::ptr::null() };
+        let scores: Vec<f32> = (0..16 * KEYS).map(|i| ((i * 37) % 101) as f32 * 0.05).collect();
+        let mut s = scores.clone();
+        let mut p = vec![0u16; KEYS];
+        let mut m = 0f32;
+        // SAFETY (all three): AMX-BF16 is usable (checked above) and implies AVX-512F (`detected`);
+        // the products' extents lie in a, b, c; each row pass reads one 256-score row of s and
+        // writes 256 entries of p.
+        let mut row = |i: usize| unsafe {
+            let r = &mut s[(i % 16) * KEYS..][..KEYS];
+            r.copy_from_slice(&scores[(i % 16) * KEYS..][..KEYS]);
+            m += fwd_row16::<Kernels>(Half16::Bf16, r.as_mut_ptr(), KEYS, 0, KEYS, 0.125, 0.0, f32::NEG_INFINITY, p.as_mut_ptr()).1;
+        };
+        let best = |f: &mut dyn FnMut()| {
+            (0..5)
+                .map(|_| {
+                    let t0 = Instant::now();
+                    f();
+                    t0.elapsed().as_secs_f64() * 1e3
+                })
+                .fold(f64::INFINITY, f64::min)
+        };
+        let products = best(&mut || unsafe {
+            let _scope = UnitScope::<Amx<false>>::enter();
+            for _ in 0..n {
+                Amx::<false>::gemm2x2(&g, panel);
+            }
+        });
+        let rows = best(&mut || (0..n).for_each(&mut row));
+        let interleaved = best(&mut || unsafe {
+            let _scope = UnitScope::<Amx<false>>::enter();
+            for i in 0..n {
+                Amx::<false>::gemm2x2(&g, panel);
+                row(i);
+            }
+        });
+        std::hint::black_box((m, &p, &c));
+        Some(Overlap { products, rows, interleaved })
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = n;
+        None
+    }
+}
+
 /// The rates of the units this CPU has (empty elsewhere). Takes about a second.
 pub fn unit_rates() -> Vec<UnitRate> {
     let mut out = Vec::new();
