@@ -12,7 +12,8 @@ defmodule ExlaRs.Status do
       `%{available: true, driver_version:, devices: [%{ordinal:, name:, compute_capability:,
       total_memory_bytes:}]}`; both with `forward_path`: which kernel set runs which forward calls
       (mma.sync or the Hopper sm90 forward) under `EXLA_RS_CUDA_PATH`, and why, then which calls
-      take the split-KV decode kernels (under `EXLA_RS_CUDA_SPLITS`)
+      take the split-KV decode kernels (under `EXLA_RS_CUDA_SPLITS`), which backward, and whether
+      its sums are deterministic (`EXLA_RS_DETERMINISTIC`)
     * `:kernels` - how the CUDA kernels were built: `embedded_archs`, `ptx_arch`,
       `nvcc_version`, `nvrtc_fallback`, `nvrtc_available`, `kernel_files`, `note`, and
       `head_dims`: which head dims run natively (32, 64, 96, 128, 192, 256) and which padded

@@ -65,6 +65,9 @@ defmodule ExlaRs.StatusTest do
       assert cuda.forward_path =~ "EXLA_RS_CUDA_PATH=sm90"
     end
 
+    # Whether the backward's sums are deterministic (exla-rs-cuda's determinism.rs), on or off.
+    assert cuda.forward_path =~ "EXLA_RS_DETERMINISTIC"
+
     # CI has no GPU.
     if System.get_env("CI_HAS_GPU") != "1" and not File.exists?("/dev/nvidia0") do
       assert cuda.available == false

@@ -306,6 +306,28 @@ def test_forward_is_deterministic_and_stream_ordered():
 
 
 @cuda_only
+@pytest.mark.parametrize("dt", ["bf16", "f16"])
+def test_backward_is_deterministic_with_the_switch(dt, monkeypatch):
+    """EXLA_RS_DETERMINISTIC=1 (exla-rs-cuda's determinism.rs): the tensor-core backward adds dQ
+    key block after key block, so repeated calls give the same bits (the default mode's atomics
+    may not on a GPU), within the float64 reference's tolerance. On the executor the repeats
+    agree either way; crates/exla-rs-gpusim's test checks its launches there."""
+    monkeypatch.setenv("EXLA_RS_DETERMINISTIC", "1")
+    case = capped(Case("deterministic", 2, 2048, 2048, 8, 2, 128, causal=False, kv_len="random"))
+    x = make(case, DTYPES[dt], seed())
+    q, k, v, kv, qs, do = on_gpu(x.q, x.k, x.v, x.kv_len, x.q_start, x.do)
+    o, lse = ex.flash_attn_fwd(q, k, v, kv, qs, platform=PLATFORM, **x.kw)
+    bwd = jax.jit(lambda *a: ex.flash_attn_bwd(*a, platform=PLATFORM, **x.kw))
+    runs = [[np.asarray(g) for g in bwd(q, k, v, kv, qs, o, lse, do)] for _ in range(3)]
+    for r in runs[1:]:
+        for name, a, b in zip(("dq", "dk", "dv"), runs[0], r):
+            assert np.array_equal(a.view(np.uint16), b.view(np.uint16)), f"{name} differs between runs (seed={x.seed})"
+    refs = ex.reference_bwd(x.q, x.k, x.v, x.kv_len, x.q_start, x.do, **x.kw)
+    for name, g, r in zip(("dq", "dk", "dv"), runs[0], refs):
+        assert rel_err(g, r) <= TOL[dt], f"{name} (seed={x.seed})"
+
+
+@cuda_only
 @pytest.mark.parametrize("d", [1, 8, 16, 40, 48, 72, 80, 100, 160, 200, 255])
 def test_padded_head_dims_take_their_copies_in_the_workspace(d):
     """Issue 33, part 4: a head dim without a kernel is supported; its workspace holds the padded

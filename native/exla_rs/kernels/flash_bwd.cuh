@@ -63,6 +63,7 @@ __device__ __forceinline__ void flash_bwd(const BwdParams& p) {
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int g = lane >> 2, tig = lane & 3;
   const int ks = warp / Tr::kDSplit, dpart = warp % Tr::kDSplit;
+  if ((int)blockIdx.x < p.kb_first) return;  // the deterministic mode's earlier key blocks
   const int n0 = blockIdx.x * BN, hk = blockIdx.y, b = blockIdx.z;
   const int group = p.heads / p.kv_heads;
   const Mask mask = Mask::make(p.seq_q, p.seq_k, p.kv_len[b], p.q_start[b], p.window_left, p.window_right);

@@ -78,6 +78,14 @@ struct BwdParams {
   float* dbias_accum;   // null without bias_grad
   void* dbias;          // the result, of bias_dtype
   long long dbias_elems;
+  // The tensor-core backward's blocks with blockIdx.x < kb_first return at once. 0 for the one
+  // launch of every key block; the deterministic mode (EXLA_RS_DETERMINISTIC, launch.rs) runs key
+  // block r of every (kv head, batch) alone in launch r (grid.x = r + 1, kb_first = r), so the
+  // atomics of dQ into one element follow the key blocks' order. (An offset added to blockIdx.x
+  // instead cost the D = 192 key loops 0.1 instructions per HMMA and two sets 8 bytes of spills:
+  // the compiler no longer re-reads the block index where it needs it.)
+  int kb_first;
+  int unused;
 };
 
 // The pad kernel's block (pad.cuh): head dims without a kernel run on the next kernel head dim
@@ -97,6 +105,6 @@ struct PadParams {
 // The Rust mirror checks the same numbers (crates/exla-rs-cuda/src/params.rs).
 static_assert(sizeof(exla_rs::ExtraParams) == 80, "ExtraParams layout changed: update params.rs");
 static_assert(sizeof(exla_rs::FwdParams) == 192, "FwdParams layout changed: update params.rs");
-static_assert(sizeof(exla_rs::BwdParams) == 264, "BwdParams layout changed: update params.rs");
+static_assert(sizeof(exla_rs::BwdParams) == 272, "BwdParams layout changed: update params.rs");
 static_assert(sizeof(exla_rs::SplitParams) == 216, "SplitParams layout changed: update params.rs");
 static_assert(sizeof(exla_rs::PadParams) == 40, "PadParams layout changed: update params.rs");

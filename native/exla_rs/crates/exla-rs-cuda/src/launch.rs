@@ -3,6 +3,7 @@
 //! (scratch lives in the workspace result).
 
 use crate::config::{self, FeatureSet, Launch};
+use crate::determinism;
 use crate::split;
 use crate::driver::guard;
 use crate::stream::{self, Stream};
@@ -52,6 +53,21 @@ unsafe fn run<P>(dev: &dyn LaunchTarget, launches: &[Launch], params: &P) -> Res
         let mut args = [params as *const P as *mut c_void];
         dev.launch(f, l.kernel, l.grid, l.block, l.smem, &mut args)?;
     }
+    Ok(())
+}
+
+/// The tensor-core backward's main kernel in the deterministic mode (determinism.rs): launch `r`
+/// runs key block `r` of every (kv head, batch), in key-block order on the stream. Its grid
+/// keeps `blockIdx.x` = the key block (`r + 1` blocks wide, the first `r` returning at once,
+/// `kb_first`), so the kernel's code is the default mode's.
+unsafe fn run_key_block_by_key_block(dev: &dyn LaunchTarget, main: &Launch, p: &mut BwdParams) -> Result<(), AttnError> {
+    for kb in 0..main.grid.0 {
+        // The launch copies the parameter block when it is enqueued.
+        p.kb_first = kb as i32;
+        let upto = Launch { grid: (kb + 1, main.grid.1, main.grid.2), ..*main };
+        run(dev, std::slice::from_ref(&upto), p)?;
+    }
+    p.kb_first = 0;
     Ok(())
 }
 
@@ -169,6 +185,10 @@ pub unsafe fn backward(
     guard("exla_rs_flash_attn_bwd_cuda", || {
         let dbias_elems = dbias_elems(&bufs.extras, bufs.dbias)?;
         let base = supported(Pass::Backward, dtype, shape, bufs.workspace_bytes, dbias_elems)?;
+        let deterministic = determinism::enabled()?;
+        if let (true, Some(bias), Some(_)) = (deterministic, &bufs.extras.bias, dbias_elems) {
+            determinism::check_dbias(bias, shape)?;
+        }
         let entered = stream::enter(stream)?;
         let dev = entered.target();
         // A head dim without a kernel: the kernels run `ks` on zero-padded copies, after their own
@@ -208,6 +228,8 @@ pub unsafe fn backward(
             dbias_accum: if dbias_elems.is_some() { (ws + base as u64) as *mut f32 } else { std::ptr::null_mut() },
             dbias: bufs.dbias as *mut c_void,
             dbias_elems: dbias_elems.unwrap_or(0) as i64,
+            kb_first: 0,
+            unused: 0,
         };
         let d = shape.head_dim;
         let (q_rows, kv_rows) = (shape.batch * shape.seq_q * shape.heads, shape.batch * shape.seq_k * shape.kv_heads);
@@ -225,6 +247,12 @@ pub unsafe fn backward(
         // Hopper, opted in (src/sm90_bwd.rs): the sm90 main kernel in place of the mma.sync one, the
         // passes around it (dbias zero, pre; convert, dbias round) unchanged.
         match plan.iter().position(|l| l.file.starts_with("bwd_")) {
+            // EXLA_RS_DETERMINISTIC (determinism.rs): the mma.sync kernel a key block at a time.
+            Some(i) if deterministic => {
+                run(dev, &plan[..i], &p)?;
+                run_key_block_by_key_block(dev, &plan[i], &mut p)?;
+                run(dev, &plan[i + 1..], &p)?;
+            }
             Some(i) if crate::sm90_bwd::takes(dev, dtype, &ks)? => {
                 run(dev, &plan[..i], &p)?;
                 crate::sm90_bwd::launch(dev, dtype, &ks, features, &p)?;

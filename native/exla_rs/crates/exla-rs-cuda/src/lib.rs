@@ -13,6 +13,7 @@
 
 mod arch;
 mod config;
+pub mod determinism;
 mod driver;
 pub mod embedded;
 mod launch;

@@ -171,6 +171,10 @@ pub struct BwdParams {
     /// The `dbias` result, of `x.bias_dtype`.
     pub dbias: *mut c_void,
     pub dbias_elems: i64,
+    /// The tensor-core backward's blocks with `blockIdx.x < kb_first` return at once: 0 but in
+    /// the deterministic mode's one-key-block launches (launch.rs).
+    pub kb_first: i32,
+    pub unused: i32,
 }
 
 /// The split-KV forward's block (`SplitParams` in params.cuh, kernels/flash_fwd_split.cuh): the
@@ -343,7 +347,8 @@ mod tests {
         assert_eq!(offset_of!(BwdParams, x), 160);
         assert_eq!(offset_of!(BwdParams, dbias_accum), 240);
         assert_eq!(offset_of!(BwdParams, dbias_elems), 256);
-        assert_eq!(size_of::<BwdParams>(), 264);
+        assert_eq!(offset_of!(BwdParams, kb_first), 264);
+        assert_eq!(size_of::<BwdParams>(), 272);
         assert_eq!(offset_of!(PadParams, rows), 16);
         assert_eq!(offset_of!(PadParams, copy_cols), 32);
         assert_eq!(size_of::<PadParams>(), 40);

@@ -62,6 +62,7 @@ pub fn status() -> CudaStatus {
     // Decode calls (issue 34): which run the split-KV kernels (src/split.rs), and the setting.
     st.forward_path = format!("{}; {}", st.forward_path, crate::split::summary(crate::split::SplitSetting::from_env()));
     st.forward_path = format!("{}; {}", st.forward_path, crate::sm90_bwd::backward_path_summary(PathOverride::from_env()));
+    st.forward_path = format!("{}; {}", st.forward_path, crate::determinism::summary());
     match r {
         Err(e) => st.reason = Some(e.to_string()),
         Ok(()) if st.devices.is_empty() => st.reason = Some("the CUDA driver reports no device".into()),

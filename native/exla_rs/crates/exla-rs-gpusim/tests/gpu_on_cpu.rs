@@ -58,6 +58,42 @@ fn simt_mma_sync_and_sm90_kernels_match_the_host_kernels() {
     assert!(!ran.contains_key("exla_rs_fwd_bf16_d128"), "{ran:?}");
 }
 
+/// EXLA_RS_DETERMINISTIC=1: the mma.sync backward runs one launch per key block (3 here: 300
+/// keys in blocks of 128), the sm90 path is not taken, and the gradients are the default mode's
+/// bit for bit. The executor runs thread blocks in launch order, x (the key block) fastest, so
+/// the default mode's atomics already come in key-block order here: equal bits say the
+/// one-key-block launches cover every key block of every (kv head, batch) exactly once. (On a
+/// GPU the default mode's order varies; test/gpu's determinism test checks repeat runs there.)
+#[test]
+fn the_deterministic_backward_runs_key_block_by_key_block() {
+    let _env = ENV.lock().unwrap_or_else(|e| e.into_inner());
+    let mut gqa = Case::new("bf16_d64_gqa_causal", ElementType::BF16, shape(2, 70, 300, 4, 2, 64));
+    (gqa.window, gqa.kv_len) = ((-1, 0), Some(vec![300, 201]));
+    let mut masked = Case::new("f16_d128_key_mask_bias_dbias", ElementType::F16, shape(1, 40, 300, 2, 1, 128));
+    (masked.key_mask, masked.bias, masked.dbias) = (true, Some(([1, 2, 40, 300], ElementType::F32)), true);
+    let run = |c: &Case| {
+        exla_rs_gpusim::reset_launch_counts();
+        let r = cases::run(c, 11).unwrap_or_else(|e| panic!("{} (deterministic {}): {e}", c.name, c.deterministic));
+        (r.grads, exla_rs_gpusim::launch_counts())
+    };
+    for (c, kernel) in [(&gqa, "exla_rs_bwd_bf16_d64"), (&masked, "exla_rs_bwd_f16_d128_mask")] {
+        let (default, ran) = run(c);
+        assert_eq!(ran.get(kernel), Some(&1), "{}: {ran:?}", c.name);
+        let (fixed, ran) = run(&Case { deterministic: true, ..c.clone() });
+        assert_eq!(ran.get(kernel), Some(&3), "{} deterministic: {ran:?}", c.name);
+        assert!(!default.is_empty() && default == fixed, "{}: the deterministic gradients differ from the default mode's", c.name);
+    }
+    // Opted in to sm90, the deterministic backward still runs mma.sync.
+    let (_, ran) = run(&Case { deterministic: true, path: Some("sm90"), ..masked.clone() });
+    assert_eq!(ran.get("exla_rs_bwd_f16_d128_mask"), Some(&3), "{ran:?}");
+    assert!(!ran.keys().any(|k| k.starts_with("exla_rs_sm90_bwd")), "the sm90 backward ran: {ran:?}");
+    // dbias of a bias broadcast over the heads sums with atomics inside a launch: refused.
+    let mut broadcast = Case::new("bf16_d64_broadcast_dbias", ElementType::BF16, shape(1, 40, 130, 2, 1, 64));
+    (broadcast.bias, broadcast.dbias, broadcast.deterministic) = (Some(([1, 1, 40, 130], ElementType::F32)), true, true);
+    let e = cases::run(&broadcast, 11).unwrap_err();
+    assert!(e.contains("EXLA_RS_DETERMINISTIC") && e.contains("heads"), "{e}");
+}
+
 #[test]
 fn launches_are_refused_as_the_driver_refuses_them() {
     let s = shape(1, 8, 8, 2, 2, 64);

@@ -49,6 +49,8 @@ pub struct Case {
     /// kernels then, with the split count the launcher picks).
     pub splits: Option<&'static str>,
     pub backward: bool,
+    /// The backward with `EXLA_RS_DETERMINISTIC=1` (exla-rs-cuda's determinism.rs).
+    pub deterministic: bool,
     /// Allocate the forward's `o` one element short (the harness's `--short-o`): the kernels'
     /// last store lands past it, which AddressSanitizer must report.
     pub short_o: bool,
@@ -73,6 +75,7 @@ impl Case {
             sms: None,
             splits: None,
             backward: true,
+            deterministic: false,
             short_o: false,
         }
     }
@@ -86,6 +89,9 @@ impl Case {
 #[derive(Debug, Default)]
 pub struct Report {
     pub errors: Vec<(&'static str, f64)>,
+    /// The backward's dq, dk and dv as the kernels wrote them (empty without a backward): two
+    /// runs compare bit for bit.
+    pub grads: Vec<u8>,
 }
 
 /// `TOL` of test/xla/cases.py: relative to the reference's largest magnitude. The Host kernels
@@ -402,9 +408,11 @@ fn run_typed<T: HostElement>(c: &Case, seed: u64) -> Result<Report, String> {
     let device = SimDevice::from_env().map_err(|e| format!("backward: {e}"))?;
     // The case's path for the backward too (sm90: the sm90 backward where it applies).
     set_env("EXLA_RS_CUDA_PATH", c.path.map(str::to_string));
+    set_env("EXLA_RS_DETERMINISTIC", c.deterministic.then(|| "1".to_string()));
     // SAFETY: as for the forward.
     let r = unsafe { exla_rs_cuda::backward(Stream::Target(&device), c.dtype, &s, &c.opts(), &bb) };
     set_env("EXLA_RS_CUDA_PATH", None);
+    set_env("EXLA_RS_DETERMINISTIC", None);
     r.map_err(|e| format!("backward: {e}"))?;
     let [rq, rk, rv, rdb] = host_backward(c, &x, &o_t, &lse_v)?;
     let as_f32 = |a: &DeviceAlloc| from_bytes::<T>(a.as_slice()).iter().map(|v| v.to_f32()).collect::<Vec<f32>>();
@@ -419,5 +427,6 @@ fn run_typed<T: HostElement>(c: &Case, seed: u64) -> Result<Report, String> {
         };
         check("dbias", &got, &rdb, 2.0 * tol)?;
     }
+    report.grads = [dq.as_slice(), dk.as_slice(), dv.as_slice()].concat();
     Ok(report)
 }
