@@ -203,7 +203,7 @@ fn run_impl<T: HostElement, K: Isa, const EXT: bool, const DROP: bool>(shape: &A
         d,
         dp,
         dropout: ex.dropout.unwrap_or(NO_DROPOUT),
-        keep_tile: keep_tile_fn::<STORE>(K::SCALAR),
+        keep_tile: keep_tile_fn::<STORE>(K::LANES),
         want_dz: dbias.is_some(),
         dz_w,
     };

@@ -449,18 +449,20 @@ pub(crate) fn keep_row_fn<const MULTIPLY: bool>(scalar: bool) -> KeepRowFn {
     keep_row_scalar::<MULTIPLY>
 }
 
-/// The tile generator for this CPU: AVX-512 (F and BW) where there is AVX-512, else AVX2, else
-/// scalar; `scalar` forces the scalar one.
-pub(crate) fn keep_tile_fn<const MULTIPLY: bool>(scalar: bool) -> KeepTileFn {
+/// The tile generator for kernels of `lanes`-wide vectors (`Isa::LANES`): AVX-512 (F and BW) for
+/// 16 where the CPU has it, AVX2 for 8 or more, else scalar. Following the row kernels' family,
+/// not the widest the CPU has, keeps `EXLA_RS_HOST_ISA=avx2` what an AVX2-only machine runs,
+/// dropout included.
+pub(crate) fn keep_tile_fn<const MULTIPLY: bool>(lanes: usize) -> KeepTileFn {
     #[cfg(target_arch = "x86_64")]
-    if !scalar && is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512bw") && is_x86_feature_detected!("avx2") {
+    if lanes >= 16 && is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512bw") && is_x86_feature_detected!("avx2") {
         return avx512::keep_tile::<MULTIPLY>;
     }
     #[cfg(target_arch = "x86_64")]
-    if !scalar && is_x86_feature_detected!("avx2") {
+    if lanes >= 8 && is_x86_feature_detected!("avx2") {
         return avx2::keep_tile::<MULTIPLY>;
     }
-    let _ = scalar;
+    let _ = lanes;
     keep_tile_scalar::<MULTIPLY>
 }
 

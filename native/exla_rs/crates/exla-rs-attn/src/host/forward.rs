@@ -147,7 +147,7 @@ fn run_impl<T: HostElement, K: Isa, const EXT: bool, const DROP: bool>(shape: &A
     let prep = if EXT { Prep::new(shape, ex) } else { Prep::new(shape, &Extras::default()) };
     let prep = &prep;
     let dropout = ex.dropout.unwrap_or(NO_DROPOUT);
-    let keep_tile = keep_tile_fn::<MUL>(K::SCALAR);
+    let keep_tile = keep_tile_fn::<MUL>(K::LANES);
     // Per (batch·kv head, key tile): does V hold an inf/NaN there? Once here, so the tile loop
     // asks a bit instead of scanning BC·dp values for every (query block, tile).
     let vbad: Vec<bool> = vp.par_chunks(BC * dp).map(|t| t.iter().any(|x| !x.is_finite())).collect();

@@ -184,9 +184,8 @@ pub(crate) struct HeadRows {
 /// Callers guarantee every pointer/extent they pass is in bounds, and only use an
 /// implementation whose CPU features were detected ([`super::dispatch`]).
 pub(crate) trait Isa: Send + Sync + 'static {
-    /// The scalar family (its dropout generator is the scalar one too).
-    const SCALAR: bool;
-    /// f32 lanes per vector: every `n` handed to [`Isa::gemm`] is a multiple of it.
+    /// f32 lanes per vector: every `n` handed to [`Isa::gemm`] is a multiple of it (1 for the
+    /// scalar family; the dropout generator follows it, `dropout::keep_tile_fn`).
     const LANES: usize;
     unsafe fn gemm(g: Gemm);
     /// Decode scores, for heads `h < heads`, rows `i < rows`, keys `j < n` of `k`:
@@ -755,7 +754,6 @@ macro_rules! isa_kernels {
             }
 
             impl Isa for Kernels {
-                const SCALAR: bool = L == 1;
                 const LANES: usize = L;
                 unsafe fn gemm(g: Gemm) {
                     gemm(g)
