@@ -52,6 +52,7 @@ mod forward;
 #[cfg(test)]
 mod group_tests;
 mod kernels;
+mod lines;
 mod lowp;
 mod pages;
 mod pool;

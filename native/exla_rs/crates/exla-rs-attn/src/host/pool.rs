@@ -7,12 +7,17 @@
 //! the fault path, `unmap`), for buffers that are the same size on every call of a model. So a
 //! finished call hands its buffers back here and the next one takes them, pages already mapped.
 //!
+//! Every buffer starts on a cache line ([`super::lines`]): the AMX tile loads of the packed K and V
+//! run at a sixth of their rate on rows that straddle two lines.
+//!
 //! A taken buffer holds whatever the call before wrote (or zeros when new): its user writes every
 //! element it reads. At most [`RETAIN_BYTES`] are kept between calls (the largest buffers that fit),
 //! so a rare huge call does not pin its memory for the life of the process.
 
 use std::ops::{Deref, DerefMut};
 use std::sync::Mutex;
+
+use super::lines::Lines;
 
 /// What the process-wide pool keeps between calls: a packed K and V of B·Hkv·Sk·D = 32M elements.
 const RETAIN_BYTES: usize = 256 << 20;
@@ -28,13 +33,13 @@ thread_local! {
 
 /// Buffers handed back, and how many bytes of them to keep.
 pub(crate) struct Pool {
-    free: Mutex<Vec<Vec<f32>>>,
+    free: Mutex<Vec<Lines<f32>>>,
     retain_bytes: usize,
 }
 
 /// A buffer of exactly the length asked for; back to its pool when dropped.
 pub(crate) struct PoolBuf {
-    buf: Vec<f32>,
+    buf: Lines<f32>,
     pool: &'static Pool,
 }
 
@@ -48,7 +53,7 @@ impl Pool {
         Self { free: Mutex::new(Vec::new()), retain_bytes }
     }
 
-    fn free(&self) -> std::sync::MutexGuard<'_, Vec<Vec<f32>>> {
+    fn free(&self) -> std::sync::MutexGuard<'_, Vec<Lines<f32>>> {
         // A panic elsewhere while the lock was held leaves a list of plain buffers: still valid.
         self.free.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -63,10 +68,10 @@ impl Pool {
         let buf = match reused {
             Some(mut buf) => {
                 // Within the capacity: no allocation; new elements (if the length grows) are zeros.
-                buf.resize(len, 0.0);
+                buf.resize(len);
                 buf
             }
-            None => vec![0.0; len],
+            None => Lines::zeroed(len),
         };
         #[cfg(test)]
         let buf = {
@@ -79,8 +84,8 @@ impl Pool {
         PoolBuf { buf, pool: self }
     }
 
-    fn give_back(&self, buf: Vec<f32>) {
-        let bytes = |b: &Vec<f32>| b.capacity() * 4;
+    fn give_back(&self, buf: Lines<f32>) {
+        let bytes = |b: &Lines<f32>| b.capacity() * 4;
         if bytes(&buf) == 0 || bytes(&buf) > self.retain_bytes {
             return;
         }
@@ -100,15 +105,13 @@ impl Pool {
 impl PoolBuf {
     /// The buffer as 16-bit elements (twice as many; same bytes, contents as unspecified).
     pub(crate) fn as_u16_mut(&mut self) -> &mut [u16] {
-        // SAFETY: f32's alignment and size are multiples of u16's; every bit pattern is a
-        // valid u16; the borrow of self keeps the buffer alive and unaliased.
-        unsafe { std::slice::from_raw_parts_mut(self.buf.as_mut_ptr().cast::<u16>(), self.buf.len() * 2) }
+        self.buf.view_mut()
     }
 }
 
 impl Drop for PoolBuf {
     fn drop(&mut self) {
-        self.pool.give_back(std::mem::take(&mut self.buf));
+        self.pool.give_back(std::mem::replace(&mut self.buf, Lines::zeroed(0)));
     }
 }
 
@@ -139,6 +142,7 @@ mod tests {
         let mut a = p.take(1000);
         a[999] = 7.0;
         let ptr = a.as_ptr();
+        assert_eq!(ptr as usize % super::super::lines::LINE, 0, "buffers start on a cache line");
         drop(a);
         let b = p.take(900);
         assert_eq!((b.len(), b.as_ptr()), (900, ptr), "the kept buffer serves a smaller request");
@@ -153,10 +157,11 @@ mod tests {
     #[test]
     fn the_pool_keeps_the_largest_buffers_within_its_budget() {
         let p = pool(4000 * 4);
-        let (a, b, c) = (p.take(1000), p.take(2500), p.take(5000));
+        // Whole cache lines (16 f32 each), so the capacities are the lengths.
+        let (a, b, c) = (p.take(1024), p.take(2496), p.take(5008));
         drop((a, b, c));
         let kept: Vec<usize> = p.free().iter().map(|b| b.capacity()).collect();
-        // 5000 is over the budget alone; 2500 + 1000 fit.
-        assert_eq!(kept, [2500, 1000]);
+        // 5008 is over the budget alone; 2496 + 1024 fit.
+        assert_eq!(kept, [2496, 1024]);
     }
 }

@@ -27,6 +27,7 @@ use std::sync::Mutex;
 use rayon::prelude::*;
 
 use super::super::kernels::{Isa, LOG2_E};
+use super::super::lines::Lines;
 use super::super::{BwdInputs, BwdOutputs, HostElement, SyncPtr};
 use super::pack::{self, padded_dim};
 use super::tile::{TILE_K, TILE_M, TILE_N};
@@ -55,31 +56,32 @@ pub(crate) fn takes<T: HostElement>(inp: &BwdInputs<'_, T>) -> bool {
 /// One (batch, head)'s packed query-side operands.
 struct QueryPacks {
     /// Q, dO row-major, `nqb·BR × dp` (rows past Sq are 0).
-    qa: Vec<u16>,
-    doa: Vec<u16>,
+    qa: Lines<u16>,
+    doa: Lines<u16>,
     /// Q, dO per query block transposed: `nqb × (dp × BR)` (rows past Sq, d past D are 0).
-    qt: Vec<u16>,
-    dot: Vec<u16>,
+    qt: Lines<u16>,
+    dot: Lines<u16>,
 }
 
-/// Per-thread scratch.
+/// Per-thread scratch; the unit's operands start on cache lines ([`super::super::lines`]), and
+/// every row stride is whole lines.
 struct Scratch {
     /// The task's key tile: K, V as B of S, dP; K as B of dQ.
-    kt: Vec<u16>,
-    vt: Vec<u16>,
-    kv: Vec<u16>,
+    kt: Lines<u16>,
+    vt: Lines<u16>,
+    kv: Lines<u16>,
     /// dKᵀ, dVᵀ of the task's keys: `dp × BK` f32.
-    dkt: Vec<f32>,
-    dvt: Vec<f32>,
-    s: Vec<f32>,
-    dp: Vec<f32>,
-    p: Vec<f32>,
+    dkt: Lines<f32>,
+    dvt: Lines<f32>,
+    s: Lines<f32>,
+    dp: Lines<f32>,
+    p: Lines<f32>,
     /// P and dX rounded, row-major `BR × BK` (dX: the A of dQ).
-    pa: Vec<u16>,
-    dxa: Vec<u16>,
+    pa: Lines<u16>,
+    dxa: Lines<u16>,
     /// P and dX as B operands along the query rows ([`pack::vnni_rows`]).
-    pv: Vec<u16>,
-    dxv: Vec<u16>,
+    pv: Lines<u16>,
+    dxv: Lines<u16>,
     ranges: Vec<KeyRange>,
 }
 
@@ -102,7 +104,7 @@ pub(crate) fn run<T: HostElement, U: TileUnit, K: Isa>(shape: &AttnShape, opts: 
     // Δ = rowsum(dO∘O) and lse·log2(e) per row; the query-side packs per (batch, head).
     let mut di = vec![0f32; batch * h * sq];
     let mut lse2 = vec![0f32; batch * h * sq];
-    let mut packs: Vec<QueryPacks> = (0..batch * h).map(|_| QueryPacks { qa: vec![0; sqp * dp], doa: vec![0; sqp * dp], qt: vec![0; sqp * dp], dot: vec![0; sqp * dp] }).collect();
+    let mut packs: Vec<QueryPacks> = (0..batch * h).map(|_| QueryPacks { qa: Lines::zeroed(sqp * dp), doa: Lines::zeroed(sqp * dp), qt: Lines::zeroed(sqp * dp), dot: Lines::zeroed(sqp * dp) }).collect();
     packs.par_iter_mut().zip(di.par_chunks_mut(sq).zip(lse2.par_chunks_mut(sq))).enumerate().for_each(|(bhq, (pk, (di, lse2)))| {
         let (b, hq) = (bhq / h, bhq % h);
         let at = |i: usize| ((b * sq + i) * h + hq) * d;
@@ -121,25 +123,25 @@ pub(crate) fn run<T: HostElement, U: TileUnit, K: Isa>(shape: &AttnShape, opts: 
             }
         }
     });
-    let dq_acc: Vec<Mutex<Vec<f32>>> = (0..batch * h * nqb).map(|_| Mutex::new(vec![0f32; BR * dp])).collect();
+    let dq_acc: Vec<Mutex<Lines<f32>>> = (0..batch * h * nqb).map(|_| Mutex::new(Lines::zeroed(BR * dp))).collect();
 
     let dk_ptr = SyncPtr(out.dk.as_mut_ptr());
     let dv_ptr = SyncPtr(out.dv.as_mut_ptr());
     let (packs, di, lse2, dq_acc) = (&packs[..], &di[..], &lse2[..], &dq_acc[..]);
     (0..batch * hkv * nkb).into_par_iter().for_each_init(
         || Scratch {
-            kt: vec![0; BK * dp],
-            vt: vec![0; BK * dp],
-            kv: vec![0; BK * dp],
-            dkt: vec![0.0; dp * BK],
-            dvt: vec![0.0; dp * BK],
-            s: vec![0.0; BR * BK],
-            dp: vec![0.0; BR * BK],
-            p: vec![0.0; BR * BK],
-            pa: vec![0; BR * BK],
-            dxa: vec![0; BR * BK],
-            pv: vec![0; BR * BK],
-            dxv: vec![0; BR * BK],
+            kt: Lines::zeroed(BK * dp),
+            vt: Lines::zeroed(BK * dp),
+            kv: Lines::zeroed(BK * dp),
+            dkt: Lines::zeroed(dp * BK),
+            dvt: Lines::zeroed(dp * BK),
+            s: Lines::zeroed(BR * BK),
+            dp: Lines::zeroed(BR * BK),
+            p: Lines::zeroed(BR * BK),
+            pa: Lines::zeroed(BR * BK),
+            dxa: Lines::zeroed(BR * BK),
+            pv: Lines::zeroed(BR * BK),
+            dxv: Lines::zeroed(BR * BK),
             ranges: Vec::with_capacity(BR),
         },
         |scr, task| {

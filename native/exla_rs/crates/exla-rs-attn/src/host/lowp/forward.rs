@@ -25,6 +25,7 @@ use rayon::prelude::*;
 
 use super::super::forward::{finished_without_keys, QueryBlock};
 use super::super::kernels::{Isa, LOG2_E};
+use super::super::lines::Lines;
 use super::super::{finish_row, online_update, pool, FwdInputs, FwdOutputs, HostElement, SyncPtr};
 use super::pack::{self, padded_dim, BC};
 use super::rows::fwd_row16;
@@ -48,16 +49,17 @@ fn o_ld(dp: usize) -> usize {
     dp + 16
 }
 
-/// Per-thread scratch, reused across tasks.
+/// Per-thread scratch, reused across tasks; the unit's operands start on cache lines
+/// ([`super::super::lines`]) and every row stride above is whole lines.
 struct Scratch {
     /// Q rows as A: `BR × dp`.
-    qa: Vec<u16>,
+    qa: Lines<u16>,
     /// Scores: `BR` rows of [`S_LD`] f32.
-    s: Vec<f32>,
+    s: Lines<f32>,
     /// P rounded, as A: `BR` rows of [`P_LD`].
-    pa: Vec<u16>,
+    pa: Lines<u16>,
     /// Unnormalised output: `BR` rows of [`o_ld`] f32.
-    o: Vec<f32>,
+    o: Lines<f32>,
     m: Vec<f32>,
     l: Vec<f32>,
     ranges: Vec<KeyRange>,
@@ -110,7 +112,7 @@ pub(crate) fn run<T: HostElement, U: TileUnit, K: Isa>(shape: &AttnShape, opts: 
     let lse_ptr = SyncPtr(out.lse.as_mut_ptr());
     let (kt, vt, vbad) = (&kt[..], &vt[..], &vbad[..]);
     (0..batch * h * nqb).into_par_iter().for_each_init(
-        || Scratch { qa: vec![0; BR * dp], s: vec![0.0; BR * S_LD], pa: vec![0; BR * P_LD], o: vec![0.0; BR * o_ld(dp)], m: vec![0.0; BR], l: vec![0.0; BR], ranges: Vec::with_capacity(BR) },
+        || Scratch { qa: Lines::zeroed(BR * dp), s: Lines::zeroed(BR * S_LD), pa: Lines::zeroed(BR * P_LD), o: Lines::zeroed(BR * o_ld(dp)), m: vec![0.0; BR], l: vec![0.0; BR], ranges: Vec::with_capacity(BR) },
         |scr, task| {
             let qblock = QueryBlock::of(task, BR, shape);
             let block = qblock.ranges(opts, shape, inp.kv_len, inp.q_start, &mut scr.ranges);

@@ -7,6 +7,7 @@
 
 use std::time::Instant;
 
+use super::super::lines::{Lines, LINE};
 use super::tile::{TILE_K, TILE_M, TILE_N};
 use super::unit::{TileGemm, TileUnit, UnitScope};
 
@@ -18,11 +19,17 @@ pub struct UnitRate {
 }
 
 /// Best GFLOP/s of `U`'s 2 × 2 block product over a `kblocks`-step reduction on operands that
-/// stay in L1 (best of 5 runs of `reps` calls).
-fn block_rate<U: TileUnit>(kblocks: usize, reps: usize, accumulate: bool) -> f64 {
-    let a: Vec<u16> = (0..2 * TILE_M * kblocks * TILE_K).map(|i| 0x3F80 + (i % 7) as u16).collect();
-    let b: Vec<u16> = (0..2 * kblocks * TILE_M * TILE_K).map(|i| 0x3F00 + (i % 5) as u16).collect();
-    let mut c = vec![0f32; 2 * TILE_M * 2 * TILE_N];
+/// stay in L1 (best of 5 runs of `reps` calls), A and B starting `skew` bytes past a cache line
+/// (a multiple of 2; the kernels' own buffers start on one: [`super::super::lines`]).
+fn block_rate<U: TileUnit>(kblocks: usize, reps: usize, accumulate: bool, skew: usize) -> f64 {
+    let (alen, blen) = (2 * TILE_M * kblocks * TILE_K, 2 * kblocks * TILE_M * TILE_K);
+    let pad = LINE / 2;
+    let mut a = Lines::<u16>::zeroed(alen + pad);
+    let mut b = Lines::<u16>::zeroed(blen + pad);
+    let (a, b) = (&mut a[skew / 2..][..alen], &mut b[skew / 2..][..blen]);
+    a.iter_mut().enumerate().for_each(|(i, x)| *x = 0x3F80 + (i % 7) as u16);
+    b.iter_mut().enumerate().for_each(|(i, x)| *x = 0x3F00 + (i % 5) as u16);
+    let mut c = Lines::<f32>::zeroed(2 * TILE_M * 2 * TILE_N);
     let panel = kblocks * TILE_M * TILE_K;
     let g = TileGemm { a: a.as_ptr(), lda: kblocks * TILE_K, b: b.as_ptr(), c: c.as_mut_ptr(), ldc: 2 * TILE_N, kblocks, accumulate, prefetch: core::ptr::null() };
     let flops = (reps * 4 * kblocks * 2 * TILE_M * TILE_N * TILE_K) as f64;
@@ -67,9 +74,11 @@ pub fn overlap(n: usize) -> Option<Overlap> {
         }
         const KEYS: usize = 256;
         let kblocks = 4;
-        let a: Vec<u16> = (0..2 * TILE_M * kblocks * TILE_K).map(|i| 0x3F80 + (i % 7) as u16).collect();
-        let b: Vec<u16> = (0..2 * kblocks * TILE_M * TILE_K).map(|i| 0x3F00 + (i % 5) as u16).collect();
-        let mut c = vec![0f32; 2 * TILE_M * 2 * TILE_N];
+        let mut a = Lines::<u16>::zeroed(2 * TILE_M * kblocks * TILE_K);
+        a.iter_mut().enumerate().for_each(|(i, x)| *x = 0x3F80 + (i % 7) as u16);
+        let mut b = Lines::<u16>::zeroed(2 * kblocks * TILE_M * TILE_K);
+        b.iter_mut().enumerate().for_each(|(i, x)| *x = 0x3F00 + (i % 5) as u16);
+        let mut c = Lines::<f32>::zeroed(2 * TILE_M * 2 * TILE_N);
         let panel = kblocks * TILE_M * TILE_K;
         let g = TileGemm { a: a.as_ptr(), lda: kblocks * TILE_K, b: b.as_ptr(), c: c.as_mut_ptr(), ldc: 2 * TILE_N, kblocks, accumulate: false, prefetch: core::ptr::null() };
         let scores: Vec<f32> = (0..16 * KEYS).map(|i| ((i * 37) % 101) as f32 * 0.05).collect();
@@ -125,13 +134,14 @@ pub fn unit_rates() -> Vec<UnitRate> {
         use super::{amx, avx512bf16};
         if let Some(g) = (0..5).filter_map(|_| amx::tdp_peak_gflops(20_000_000)).reduce(f64::max) {
             out.push(UnitRate { what: "AMX TDPBF16PS alone (4 accumulators, operands in tiles)", gflops: g });
-            out.push(UnitRate { what: "AMX 2x2 block product, C += A·B, k = 128, operands in L1", gflops: block_rate::<amx::Amx<false>>(4, 200_000, true) });
-            out.push(UnitRate { what: "AMX 2x2 block product, C = A·B, k = 128, operands in L1", gflops: block_rate::<amx::Amx<false>>(4, 200_000, false) });
-            out.push(UnitRate { what: "AMX 2x2 block product, C = A·B, k = 512, operands in L1", gflops: block_rate::<amx::Amx<false>>(16, 50_000, false) });
-            out.push(UnitRate { what: "AMX 2x2 block product, C += A·B, k = 64, operands in L1", gflops: block_rate::<amx::Amx<false>>(2, 400_000, true) });
+            out.push(UnitRate { what: "AMX 2x2 block product, C += A·B, k = 128, operands in L1", gflops: block_rate::<amx::Amx<false>>(4, 200_000, true, 0) });
+            out.push(UnitRate { what: "AMX 2x2 block product, C = A·B, k = 128, operands in L1", gflops: block_rate::<amx::Amx<false>>(4, 200_000, false, 0) });
+            out.push(UnitRate { what: "AMX 2x2 block product, C = A·B, k = 128, operands in L1, 16 bytes off a cache line", gflops: block_rate::<amx::Amx<false>>(4, 200_000, false, 16) });
+            out.push(UnitRate { what: "AMX 2x2 block product, C = A·B, k = 512, operands in L1", gflops: block_rate::<amx::Amx<false>>(16, 50_000, false, 0) });
+            out.push(UnitRate { what: "AMX 2x2 block product, C += A·B, k = 64, operands in L1", gflops: block_rate::<amx::Amx<false>>(2, 400_000, true, 0) });
         }
         if avx512bf16::detected() {
-            out.push(UnitRate { what: "AVX512-BF16 VDPBF16PS 2x2 block product, k = 128, operands in L1", gflops: block_rate::<avx512bf16::Avx512Bf16>(4, 20_000, true) });
+            out.push(UnitRate { what: "AVX512-BF16 VDPBF16PS 2x2 block product, k = 128, operands in L1", gflops: block_rate::<avx512bf16::Avx512Bf16>(4, 20_000, true, 0) });
         }
     }
     out
