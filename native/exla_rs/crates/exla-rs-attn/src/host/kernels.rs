@@ -553,12 +553,13 @@ macro_rules! isa_kernels {
                 }
             }
 
-            /// `tanh(y) = (e - 1) / (e + 1)`, `e = 2^(2·log2(e)·y)`; the clamp inside `exp2`
-            /// makes both tails exact (±1). Absolute error ~1e-7, which is what the scores need.
+            /// `tanh(y) = (e - 1) / (e + 1)`, `e = 2^(2·log2(e)·y)`; the exponent clamped to
+            /// `EXP2_HI` (e finite: inf/inf would be NaN) and `exp2`'s 0 far below make both
+            /// tails exact (±1). Absolute error ~1e-7, which is what the scores need.
             $(#[$feat])?
             #[inline]
             unsafe fn tanh(y: V) -> V {
-                let e = s::exp2(s::mul(y, s::splat(2.0 * LOG2_E)));
+                let e = s::exp2(s::min(s::mul(y, s::splat(2.0 * LOG2_E)), s::splat(crate::host::simd::EXP2_HI)));
                 s::div(s::sub(e, s::splat(1.0)), s::add(e, s::splat(1.0)))
             }
 

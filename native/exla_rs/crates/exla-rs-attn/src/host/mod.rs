@@ -337,6 +337,11 @@ pub(crate) fn online_update(o: &mut [f32], m: &mut f32, l: &mut f32, m_new: f32,
     *m = m_new;
 }
 
+/// A row's `lse` (natural log) from its running max `m` (exp2 units) and sum `l > 0`.
+pub(crate) fn row_lse(m: f32, l: f32) -> f32 {
+    (m + l.log2()) * std::f32::consts::LN_2
+}
+
 /// Writes one finished query row: `o = acc / l` in `T` and `lse = (m + log2 l)·ln 2` (`m`, `l` in
 /// exp2 units), or the contract's fully masked row (`o = 0`, `lse = -inf`) when `l` is 0.
 pub(crate) fn finish_row<T: HostElement>(o: &mut [T], lse: &mut f32, acc: &[f32], m: f32, l: f32) {
@@ -345,7 +350,7 @@ pub(crate) fn finish_row<T: HostElement>(o: &mut [T], lse: &mut f32, acc: &[f32]
         for (o, x) in o.iter_mut().zip(acc) {
             *o = T::from_f32(x * inv);
         }
-        *lse = (m + l.log2()) * std::f32::consts::LN_2;
+        *lse = row_lse(m, l);
     } else {
         o.fill(T::from_f32(0.0));
         *lse = f32::NEG_INFINITY;

@@ -829,6 +829,26 @@ fn exp2_is_accurate_on_every_isa() {
     }
 }
 
+/// The softcap's tanh at scores far past the cap: exactly ±cap on every ISA (its `exp2` overflowing
+/// to inf would make inf/inf = NaN, as AVX-512's exact-range `exp2` did before the clamp).
+#[test]
+fn softcap_tails_are_exact_on_every_isa() {
+    use super::kernels::{Isa, LOG2_E};
+    let cap = 2.0f32;
+    for which in available() {
+        // log2(e)·x for x = ±1e4, ±500, ±60 and 0: tanh(x / cap) is ±1 to f32 but for 0.
+        let xs = [1e4f32, -1e4, 500.0, -500.0, 60.0, -60.0, 0.0, 0.0];
+        let mut row: Vec<f32> = (0..16).map(|j| xs[j % 8] * LOG2_E).collect();
+        let (m, sum) = with_isa!(which, K => unsafe { K::fwd_row(row.as_mut_ptr(), 16, 0, 16, cap, f32::NEG_INFINITY) });
+        // The capped scores are cap·log2(e)·{1, -1, 1, -1, 1, -1, 0, 0}: max cap·log2(e).
+        assert!((m - cap * LOG2_E).abs() <= 1e-6 * m.abs(), "{which:?}: max {m}");
+        let low = (-2.0 * cap * LOG2_E).exp2();
+        let mid = (-cap * LOG2_E).exp2();
+        let want = 2.0 * (3.0 + 3.0 * low + 2.0 * mid);
+        assert!(sum.is_finite() && (sum - want).abs() <= 1e-5 * want, "{which:?}: sum {sum}, want {want}");
+    }
+}
+
 /// Dropout alone and with every other option; rates low and high, keys at the u32 limits.
 fn dropout_cases() -> Vec<Case> {
     let holes = |b: usize, sk: usize| (0..b * sk).map(|n| u8::from(n % 5 != 2 && n % 11 != 0)).collect::<Vec<u8>>();

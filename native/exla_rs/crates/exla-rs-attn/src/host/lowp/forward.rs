@@ -9,9 +9,12 @@
 //!   to [`STEP`] visible keys: `S = Q·Kᵀ` on the unit, the row pass ([`super::rows`]: scale,
 //!   mask, max, `exp2`, sum, `P` rounded to the input type as the CUDA tensor-core kernels do),
 //!   the online-softmax rescale of O and `O += P·V` on the unit, f32 accumulation throughout.
-//!   A step of 256 keys gives each O tile 8 products per load and store of it (one per 64-key
-//!   tile halved the unit's rate: `host_bench peak`), and the per-row costs (max, sum, rescale
-//!   of O) a quarter as often.
+//!   A step of 512 keys gives each O tile 16 products per load and store of it (one per 64-key
+//!   tile halved the unit's rate: `host_bench peak`), and the per-row costs (the row call, its
+//!   max and sum reductions, the rescale of O) an eighth as often as 64-key steps would. Those
+//!   costs are what 512 saves over 256: the row pass took 34 → 28 M cycles of an S = 2048,
+//!   D = 128 forward (one thread, Emerald Rapids), 128 keys took 43 M; 32-row tasks (their scores
+//!   in L1) were no faster.
 //!
 //! The row pass runs after a step's products, not beside the next step's: on the one AMX machine
 //! measured (an Emerald Rapids KVM guest), a row pass after each 2 × 2 product took as long as the
@@ -26,9 +29,9 @@ use rayon::prelude::*;
 use super::super::forward::{finished_without_keys, QueryBlock};
 use super::super::kernels::{Isa, LOG2_E};
 use super::super::lines::Lines;
-use super::super::{finish_row, online_update, pool, FwdInputs, FwdOutputs, HostElement, SyncPtr};
+use super::super::{finish_row, online_update, pool, row_lse, FwdInputs, FwdOutputs, HostElement, SyncPtr};
 use super::pack::{self, padded_dim, BC};
-use super::rows::fwd_row16;
+use super::rows::{fwd_row16, narrow16_scaled};
 use super::tile::{TILE_K, TILE_M, TILE_N};
 use super::unit::{blocks, TileUnit, UnitScope};
 use crate::{AttnOptions, AttnShape, KeyRange};
@@ -37,7 +40,7 @@ use crate::{AttnOptions, AttnShape, KeyRange};
 pub(crate) const BR: usize = 64;
 
 /// Keys per step at most: whole [`BC`] tiles (so [`TILE_K`]- and [`TILE_N`]-aligned).
-pub(crate) const STEP: usize = 4 * BC;
+pub(crate) const STEP: usize = 8 * BC;
 const _: () = assert!(STEP.is_multiple_of(BC) && BC.is_multiple_of(TILE_K) && BC.is_multiple_of(2 * TILE_N));
 
 /// Row strides of the score, P and O scratch: a row of each is padded by one cache line so the
@@ -125,9 +128,7 @@ pub(crate) fn run<T: HostElement, U: TileUnit, K: Isa>(shape: &AttnShape, opts: 
                 scr.qa[..groups * TILE_M * dp].fill(0);
                 for r in 0..rows {
                     let src = ((b * sq + i0 + r) * h + hq) * d;
-                    for (a, x) in scr.qa[r * dp..r * dp + d].iter_mut().zip(&inp.q[src..src + d]) {
-                        *a = pack::src_bits(elem, *x);
-                    }
+                    pack::row_bits(elem, &inp.q[src..src + d], &mut scr.qa[r * dp..r * dp + d]);
                 }
                 scr.o[..groups * TILE_M * o_ld(dp)].fill(0.0);
                 let kv = KvHead { kt: &kt[bkv * per_head..(bkv + 1) * per_head], vt: &vt[bkv * per_head..(bkv + 1) * per_head], skp, vbad: &vbad[bkv * ntk..(bkv + 1) * ntk] };
@@ -150,7 +151,17 @@ pub(crate) fn run<T: HostElement, U: TileUnit, K: Isa>(shape: &AttnShape, opts: 
                 for r in 0..rows {
                     let dst = std::slice::from_raw_parts_mut(o_ptr.get().add(((b * sq + i0 + r) * h + hq) * d), d);
                     let lse = &mut *lse_ptr.get().add((b * h + hq) * sq + i0 + r);
-                    finish_row(dst, lse, &scr.o[r * o_ld(dp)..r * o_ld(dp) + d], scr.m[r], scr.l[r]);
+                    let (m, l) = (scr.m[r], scr.l[r]);
+                    let orow = &scr.o[r * o_ld(dp)..r * o_ld(dp) + dp];
+                    if l > 0.0 && pack::is_elem::<T>(elem) {
+                        // finish_row's `o = acc / l` rounded to T, 16 lanes at a time (its
+                        // per-element conversion was 2-3% of the forward).
+                        narrow16_scaled::<K>(elem, orow.as_ptr(), 1.0 / l, scr.pa.as_mut_ptr(), dp);
+                        pack::store_bits(elem, &scr.pa[..d], dst);
+                        *lse = row_lse(m, l);
+                    } else {
+                        finish_row(dst, lse, &orow[..d], m, l);
+                    }
                 }
             }
         },

@@ -1,9 +1,9 @@
 //! The forward's row pass on the lowp path: scores (f32, raw `q·k`) in, `P` in the unit's
 //! 16-bit type out, with the row's new max and sum.
 //!
-//! On the AVX-512 family without softcap this is one fused kernel: scale and mask with the row
-//! max in one pass, `exp2`, sum and the rounding to 16 bits in the second, so a score row is read
-//! twice and P written once. Every other case (softcap, the AVX2 and scalar families the model
+//! On the AVX-512 family without softcap this is one fused kernel: the row max of the raw scores
+//! in one pass, then scale, `exp2`, sum and the rounding to 16 bits in the second, so a score row
+//! is read twice, never written, and P written once. Every other case (softcap, the AVX2 and scalar families the model
 //! units run with) takes the f32 path's own row kernel and rounds after it; both compute the
 //! contract's `p = 2^(s2 - m_new)` with the same `exp2`.
 
@@ -13,7 +13,8 @@ use super::pack;
 
 /// One row: `s[0..n]` holds `q·k`; columns `[a, b)` (non-empty) are visible. Writes
 /// `p = 2^(s2 - m_new)` rounded to `elem` into `out[0..n]` (0 outside `[a, b)`), where
-/// `s2 = log2(e)·softcap(scale·q·k)` and `m_new = max(m_old, max visible s2)`; `s` is clobbered.
+/// `s2 = log2(e)·softcap(scale·q·k)` and `m_new = max(m_old, max visible s2)`; `s` may be
+/// clobbered.
 /// Returns `(m_new, Σp)` (the sum of the unrounded `p`, as the f32 path sums).
 ///
 /// # Safety
@@ -39,13 +40,23 @@ pub(crate) unsafe fn fwd_row16<K: Isa>(elem: Half16, s: *mut f32, n: usize, a: u
 /// # Safety
 /// `src` and `dst` hold `n` elements; `K`'s CPU features are present.
 pub(crate) unsafe fn narrow16<K: Isa>(elem: Half16, src: *const f32, dst: *mut u16, n: usize) {
+    narrow16_scaled::<K>(elem, src, 1.0, dst, n)
+}
+
+/// `dst[0..n] = src[0..n]·scale` rounded to `elem` (the product in f32, then nearest even), `n` a
+/// multiple of 16. Scaling here rather than in a pass before it also spares the load a store it
+/// cannot forward from (narrower stores of the same line: a 4% stall in the forward's finish).
+///
+/// # Safety
+/// As [`narrow16`].
+pub(crate) unsafe fn narrow16_scaled<K: Isa>(elem: Half16, src: *const f32, scale: f32, dst: *mut u16, n: usize) {
     #[cfg(target_arch = "x86_64")]
     if K::LANES == 16 {
         // SAFETY: LANES = 16 is the AVX-512 family, whose features the dispatcher detected.
-        return avx512::narrow16(elem == Half16::F16, src, dst, n);
+        return avx512::narrow16(elem == Half16::F16, src, scale, dst, n);
     }
     for j in 0..n {
-        *dst.add(j) = pack::bits(elem, *src.add(j));
+        *dst.add(j) = pack::bits(elem, *src.add(j) * scale);
     }
 }
 
@@ -74,11 +85,12 @@ mod avx512 {
         _mm256_storeu_si256(out.cast(), h);
     }
 
-    /// [`super::narrow16`] on AVX-512.
+    /// [`super::narrow16_scaled`] on AVX-512.
     #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn narrow16(f16: bool, src: *const f32, dst: *mut u16, n: usize) {
+    pub(super) unsafe fn narrow16(f16: bool, src: *const f32, scale: f32, dst: *mut u16, n: usize) {
+        let sc = s::splat(scale);
         for j in (0..n).step_by(16) {
-            store16(f16, dst.add(j), s::load(src.add(j)));
+            store16(f16, dst.add(j), s::mul(s::load(src.add(j)), sc));
         }
     }
 
@@ -88,6 +100,15 @@ mod avx512 {
     #[target_feature(enable = "avx512f,avx512bf16")]
     unsafe fn store_bf16_native(out: *mut u16, p: __m512) {
         _mm256_storeu_si256(out.cast(), core::mem::transmute::<__m256bh, __m256i>(_mm512_cvtneps_pbh(p)));
+    }
+
+    /// 32 lanes, `p0` then `p1`, as bf16 with one `VCVTNE2PS2BF16` (the same rounding as
+    /// [`store_bf16_native`]; one instruction for 32 where that takes one per 16, and it is
+    /// the row pass's slowest: about 1.5 cycles each on Emerald Rapids).
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bf16")]
+    unsafe fn store2_bf16_native(out: *mut u16, p0: __m512, p1: __m512) {
+        _mm512_storeu_si512(out.cast(), core::mem::transmute::<__m512bh, __m512i>(_mm512_cvtne2ps_pbh(p1, p0)));
     }
 
     /// Lanes `j..j+16` that lie in `[a, b)`.
@@ -103,25 +124,22 @@ mod avx512 {
     }
 
     /// The row kernel's body, instantiated per target-feature set (`$store`: how 16 lanes of P
-    /// become 16 bits). Two accumulators each for the max and the sum halve their chains.
+    /// become 16 bits; `$store2`: 32, from two vectors). Two accumulators each for the max and
+    /// the sum halve their chains.
+    ///
+    /// With `qscale > 0` the scores are not scaled and stored between the passes: the max of the
+    /// raw scores times `qscale` is the max of the scaled ones (rounding is monotone), and the
+    /// second pass forms `s·qscale - m` in one FMA. So the first pass is a load and a max per
+    /// 16 scores, where it was a load, a multiply, a store and a max.
     macro_rules! row_body {
-        ($sp:ident, $n:ident, $a:ident, $b:ident, $qscale:ident, $m_old:ident, $out:ident, $store:expr) => {{
-            let (sc, ninf) = (s::splat($qscale), s::splat(f32::NEG_INFINITY));
+        ($sp:ident, $n:ident, $a:ident, $b:ident, $qscale:ident, $m_old:ident, $out:ident, $store:expr, $store2:expr) => {{
+            let ninf = s::splat(f32::NEG_INFINITY);
+            let full = $a == 0 && $b == $n;
             let (mut m0, mut m1) = (ninf, ninf);
-            if $a == 0 && $b == $n {
-                // Every key visible (the common case): scale and max only.
-                let mut j = 0;
-                while j < $n {
-                    let x0 = s::mul(s::load($sp.add(j)), sc);
-                    let x1 = s::mul(s::load($sp.add(j + 16)), sc);
-                    s::store($sp.add(j), x0);
-                    s::store($sp.add(j + 16), x1);
-                    m0 = s::max(m0, x0);
-                    m1 = s::max(m1, x1);
-                    j += 32;
-                }
-            } else {
-                // Outside [a, b): -inf, whose exp2 is exactly 0.
+            // Not `qscale > 0` (NaN included).
+            if $qscale.partial_cmp(&0.0) != Some(core::cmp::Ordering::Greater) {
+                // Scale first (a negative scale turns the max around), hidden lanes -inf.
+                let sc = s::splat($qscale);
                 let mut j = 0;
                 while j < $n {
                     let x = _mm512_mask_blend_ps(visible(j, $a, $b), ninf, s::mul(s::load($sp.add(j)), sc));
@@ -129,19 +147,54 @@ mod avx512 {
                     m0 = s::max(m0, x);
                     j += 16;
                 }
+                let m_new = s::hmax(m0).max($m_old);
+                let mv = s::splat(m_new);
+                let mut sum0 = s::zero();
+                let mut j = 0;
+                while j < $n {
+                    let p = s::exp2(s::sub(s::load($sp.add(j)), mv));
+                    sum0 = s::add(sum0, p);
+                    $store($out.add(j), p);
+                    j += 16;
+                }
+                return (m_new, s::hsum(sum0));
             }
-            let m_new = s::hmax(s::max(m0, m1)).max($m_old);
-            let mv = s::splat(m_new);
+            if full {
+                let mut j = 0;
+                while j < $n {
+                    m0 = s::max(m0, s::load($sp.add(j)));
+                    m1 = s::max(m1, s::load($sp.add(j + 16)));
+                    j += 32;
+                }
+            } else {
+                let mut j = 0;
+                while j < $n {
+                    m0 = _mm512_mask_max_ps(m0, visible(j, $a, $b), m0, s::load($sp.add(j)));
+                    j += 16;
+                }
+            }
+            let m_new = (s::hmax(s::max(m0, m1)) * $qscale).max($m_old);
+            let (sc, neg_m) = (s::splat($qscale), s::splat(-m_new));
             let (mut sum0, mut sum1) = (s::zero(), s::zero());
-            let mut j = 0;
-            while j < $n {
-                let p0 = s::exp2(s::sub(s::load($sp.add(j)), mv));
-                let p1 = s::exp2(s::sub(s::load($sp.add(j + 16)), mv));
-                sum0 = s::add(sum0, p0);
-                sum1 = s::add(sum1, p1);
-                $store($out.add(j), p0);
-                $store($out.add(j + 16), p1);
-                j += 32;
+            if full {
+                let mut j = 0;
+                while j < $n {
+                    let p0 = s::exp2(s::fma(s::load($sp.add(j)), sc, neg_m));
+                    let p1 = s::exp2(s::fma(s::load($sp.add(j + 16)), sc, neg_m));
+                    sum0 = s::add(sum0, p0);
+                    sum1 = s::add(sum1, p1);
+                    $store2($out.add(j), p0, p1);
+                    j += 32;
+                }
+            } else {
+                // Hidden lanes: exactly 0, whatever their score.
+                let mut j = 0;
+                while j < $n {
+                    let p = _mm512_maskz_mov_ps(visible(j, $a, $b), s::exp2(s::fma(s::load($sp.add(j)), sc, neg_m)));
+                    sum0 = s::add(sum0, p);
+                    $store($out.add(j), p);
+                    j += 16;
+                }
             }
             (m_new, s::hsum(s::add(sum0, sum1)))
         }};
@@ -149,17 +202,23 @@ mod avx512 {
 
     #[target_feature(enable = "avx512f")]
     unsafe fn row_f16(sp: *mut f32, n: usize, a: usize, b: usize, qscale: f32, m_old: f32, out: *mut u16) -> (f32, f32) {
-        row_body!(sp, n, a, b, qscale, m_old, out, |o: *mut u16, p| store16(true, o, p))
+        row_body!(sp, n, a, b, qscale, m_old, out, |o: *mut u16, p| store16(true, o, p), |o: *mut u16, p0, p1| {
+            store16(true, o, p0);
+            store16(true, o.add(16), p1)
+        })
     }
 
     #[target_feature(enable = "avx512f")]
     unsafe fn row_bf16(sp: *mut f32, n: usize, a: usize, b: usize, qscale: f32, m_old: f32, out: *mut u16) -> (f32, f32) {
-        row_body!(sp, n, a, b, qscale, m_old, out, |o: *mut u16, p| store16(false, o, p))
+        row_body!(sp, n, a, b, qscale, m_old, out, |o: *mut u16, p| store16(false, o, p), |o: *mut u16, p0, p1| {
+            store16(false, o, p0);
+            store16(false, o.add(16), p1)
+        })
     }
 
     #[target_feature(enable = "avx512f,avx512bf16")]
     unsafe fn row_bf16_native(sp: *mut f32, n: usize, a: usize, b: usize, qscale: f32, m_old: f32, out: *mut u16) -> (f32, f32) {
-        row_body!(sp, n, a, b, qscale, m_old, out, |o: *mut u16, p| store_bf16_native(o, p))
+        row_body!(sp, n, a, b, qscale, m_old, out, |o: *mut u16, p| store_bf16_native(o, p), |o: *mut u16, p0, p1| store2_bf16_native(o, p0, p1))
     }
 
     /// [`super::fwd_row16`] without softcap (`n` a multiple of 32: whole key tiles).
