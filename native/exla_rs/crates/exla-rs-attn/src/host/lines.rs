@@ -58,6 +58,13 @@ impl<T: Plain> Lines<T> {
 
     /// The same bytes as another element type (`len` scaled by the sizes; the padding past
     /// `len` is not included).
+    pub(crate) fn view<U: Plain>(&self) -> &[U] {
+        let bytes = self.len * std::mem::size_of::<T>();
+        // SAFETY: as in `view_mut`, shared.
+        unsafe { std::slice::from_raw_parts(self.lines.as_ptr().cast::<U>(), bytes / std::mem::size_of::<U>()) }
+    }
+
+    /// [`Lines::view`], mutable.
     pub(crate) fn view_mut<U: Plain>(&mut self) -> &mut [U] {
         let bytes = self.len * std::mem::size_of::<T>();
         // SAFETY: the lines hold at least `bytes` bytes, aligned to 64 (≥ U's alignment); every

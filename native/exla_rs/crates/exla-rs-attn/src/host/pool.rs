@@ -104,6 +104,11 @@ impl Pool {
 
 impl PoolBuf {
     /// The buffer as 16-bit elements (twice as many; same bytes, contents as unspecified).
+    pub(crate) fn as_u16(&self) -> &[u16] {
+        self.buf.view()
+    }
+
+    /// [`PoolBuf::as_u16`], mutable.
     pub(crate) fn as_u16_mut(&mut self) -> &mut [u16] {
         self.buf.view_mut()
     }

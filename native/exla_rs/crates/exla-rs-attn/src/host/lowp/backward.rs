@@ -28,10 +28,11 @@ use rayon::prelude::*;
 
 use super::super::kernels::{Isa, LOG2_E};
 use super::super::lines::Lines;
-use super::super::{BwdInputs, BwdOutputs, HostElement, SyncPtr};
+use super::super::{pool, BwdInputs, BwdOutputs, HostElement, SyncPtr};
 use super::pack::{self, padded_dim};
 use super::tile::{TILE_K, TILE_M, TILE_N};
-use super::rows::narrow16;
+use super::model::Half16;
+use super::rows::{narrow16, narrow16_scaled};
 use super::unit::{blocks, TileUnit, UnitScope};
 use crate::{AttnOptions, AttnShape, KeyRange};
 
@@ -53,14 +54,14 @@ pub(crate) fn takes<T: HostElement>(inp: &BwdInputs<'_, T>) -> bool {
     [inp.q, inp.k, inp.v, inp.o, inp.d_o].iter().all(|x| pack::all_finite(x))
 }
 
-/// One (batch, head)'s packed query-side operands.
-struct QueryPacks {
+/// One (batch, head)'s packed query-side operands (views of one pooled buffer).
+struct QueryPacks<'a> {
     /// Q, dO row-major, `nqb·BR × dp` (rows past Sq are 0).
-    qa: Lines<u16>,
-    doa: Lines<u16>,
+    qa: &'a [u16],
+    doa: &'a [u16],
     /// Q, dO per query block transposed: `nqb × (dp × BR)` (rows past Sq, d past D are 0).
-    qt: Lines<u16>,
-    dot: Lines<u16>,
+    qt: &'a [u16],
+    dot: &'a [u16],
 }
 
 /// Per-thread scratch; the unit's operands start on cache lines ([`super::super::lines`]), and
@@ -83,6 +84,38 @@ struct Scratch {
     pv: Lines<u16>,
     dxv: Lines<u16>,
     ranges: Vec<KeyRange>,
+    /// 16 keys' dK (or dV) rows, transposed back from `dkt`/`dvt`: `TILE_N × dp` f32.
+    rows_out: Lines<f32>,
+    /// One output row rounded to 16 bits: `dp`.
+    bits: Lines<u16>,
+}
+
+/// `Σ a∘b` in f32 over one row of 16-bit inputs, 16 lanes wide (as `Isa` widens them): a scalar
+/// sum through `to_f32` per element was a quarter of the packing before the key loop.
+pub(super) fn row_dot<T: HostElement, K: Isa>(elem: Half16, a: &[T], b: &[T]) -> f32 {
+    const W: usize = 32;
+    let mut acc = [0f32; 16];
+    let (mut wa, mut wb) = ([0f32; W], [0f32; W]);
+    for (ca, cb) in a.chunks(W).zip(b.chunks(W)) {
+        let n = ca.len();
+        if pack::is_elem::<T>(elem) {
+            // SAFETY: T is elem's 16-bit type (checked): n elements of bits each; `wa`/`wb`
+            // hold W ≥ n; K's features were detected by the dispatcher.
+            unsafe {
+                K::widen16(ca.as_ptr().cast(), elem == Half16::F16, wa.as_mut_ptr(), n);
+                K::widen16(cb.as_ptr().cast(), elem == Half16::F16, wb.as_mut_ptr(), n);
+            }
+        } else {
+            ca.iter().zip(&mut wa).for_each(|(x, w)| *w = x.to_f32());
+            cb.iter().zip(&mut wb).for_each(|(x, w)| *w = x.to_f32());
+        }
+        wa[n..].fill(0.0);
+        wb[n..].fill(0.0);
+        for k in 0..W {
+            acc[k % 16] += wa[k] * wb[k];
+        }
+    }
+    acc.iter().sum()
 }
 
 pub(crate) fn run<T: HostElement, U: TileUnit, K: Isa>(shape: &AttnShape, opts: &AttnOptions, inp: BwdInputs<'_, T>, out: BwdOutputs<'_, T>) {
@@ -101,29 +134,44 @@ pub(crate) fn run<T: HostElement, U: TileUnit, K: Isa>(shape: &AttnShape, opts: 
     let nkb = sk.div_ceil(BK);
     let sqp = nqb * BR;
 
-    // Δ = rowsum(dO∘O) and lse·log2(e) per row; the query-side packs per (batch, head).
+    // Δ = rowsum(dO∘O) and lse·log2(e) per row; the query-side packs per (batch, head), four
+    // regions of `per` elements each, in one pooled buffer (pages already mapped from the last
+    // call; the packers write every element).
     let mut di = vec![0f32; batch * h * sq];
     let mut lse2 = vec![0f32; batch * h * sq];
-    let mut packs: Vec<QueryPacks> = (0..batch * h).map(|_| QueryPacks { qa: Lines::zeroed(sqp * dp), doa: Lines::zeroed(sqp * dp), qt: Lines::zeroed(sqp * dp), dot: Lines::zeroed(sqp * dp) }).collect();
-    packs.par_iter_mut().zip(di.par_chunks_mut(sq).zip(lse2.par_chunks_mut(sq))).enumerate().for_each(|(bhq, (pk, (di, lse2)))| {
+    let per = sqp * dp;
+    let mut packed = pool::take(batch * h * 4 * per / 2);
+    packed.as_u16_mut().par_chunks_mut(4 * per).zip(di.par_chunks_mut(sq).zip(lse2.par_chunks_mut(sq))).enumerate().for_each(|(bhq, (pk, (di, lse2)))| {
         let (b, hq) = (bhq / h, bhq % h);
-        let at = |i: usize| ((b * sq + i) * h + hq) * d;
-        for i in 0..sq {
-            lse2[i] = inp.lse[bhq * sq + i] * LOG2_E;
-            let src = at(i);
-            di[i] = inp.d_o[src..src + d].iter().zip(&inp.o[src..src + d]).map(|(x, y)| x.to_f32() * y.to_f32()).sum();
-            // Row i of block i / BR: row-major, and column i % BR of the block's transpose.
-            let (blk, r) = (i / BR * BR * dp, i % BR);
-            for dd in 0..d {
-                let (q, d_o) = (pack::src_bits(elem, inp.q[src + dd]), pack::src_bits(elem, inp.d_o[src + dd]));
-                pk.qa[i * dp + dd] = q;
-                pk.doa[i * dp + dd] = d_o;
-                pk.qt[blk + dd * BR + r] = q;
-                pk.dot[blk + dd * BR + r] = d_o;
+        let (qa, rest) = pk.split_at_mut(per);
+        let (doa, rest) = rest.split_at_mut(per);
+        let (qt, dot) = rest.split_at_mut(per);
+        for i in 0..sqp {
+            let (qrow, dorow) = (&mut qa[i * dp..(i + 1) * dp], &mut doa[i * dp..(i + 1) * dp]);
+            if i >= sq {
+                qrow.fill(0);
+                dorow.fill(0);
+                continue;
             }
+            let src = ((b * sq + i) * h + hq) * d;
+            pack::row_bits(elem, &inp.q[src..src + d], &mut qrow[..d]);
+            pack::row_bits(elem, &inp.d_o[src..src + d], &mut dorow[..d]);
+            qrow[d..].fill(0);
+            dorow[d..].fill(0);
+            lse2[i] = inp.lse[bhq * sq + i] * LOG2_E;
+            di[i] = row_dot::<T, K>(elem, &inp.d_o[src..src + d], &inp.o[src..src + d]);
+        }
+        // Block by block, the transposes: column i % BR of block i / BR holds row i.
+        for blk in (0..per).step_by(BR * dp) {
+            pack::transpose(&qa[blk..], dp, BR, dp, &mut qt[blk..], BR);
+            pack::transpose(&doa[blk..], dp, BR, dp, &mut dot[blk..], BR);
         }
     });
-    let dq_acc: Vec<Mutex<Lines<f32>>> = (0..batch * h * nqb).map(|_| Mutex::new(Lines::zeroed(BR * dp))).collect();
+    let packs: Vec<QueryPacks<'_>> = packed.as_u16()[..batch * h * 4 * per].chunks(4 * per).map(|c| QueryPacks { qa: &c[..per], doa: &c[per..2 * per], qt: &c[2 * per..3 * per], dot: &c[3 * per..] }).collect();
+    // dQ's f32 sums per (batch, head, query block), pooled too: zeroed here.
+    let mut dq_sums = pool::take(batch * h * nqb * BR * dp);
+    dq_sums.par_chunks_mut(BR * dp).for_each(|c| c.fill(0.0));
+    let dq_acc: Vec<Mutex<&mut [f32]>> = dq_sums.chunks_mut(BR * dp).map(Mutex::new).collect();
 
     let dk_ptr = SyncPtr(out.dk.as_mut_ptr());
     let dv_ptr = SyncPtr(out.dv.as_mut_ptr());
@@ -143,6 +191,8 @@ pub(crate) fn run<T: HostElement, U: TileUnit, K: Isa>(shape: &AttnShape, opts: 
             pv: Lines::zeroed(BR * BK),
             dxv: Lines::zeroed(BR * BK),
             ranges: Vec::with_capacity(BR),
+            rows_out: Lines::zeroed(TILE_N * dp),
+            bits: Lines::zeroed(dp),
         },
         |scr, task| {
             let (bkv, kb) = (task / nkb, task % nkb);
@@ -184,7 +234,26 @@ pub(crate) fn run<T: HostElement, U: TileUnit, K: Isa>(shape: &AttnShape, opts: 
                 }
             }
             // SAFETY: task (b, kvh, kb) alone writes keys j0..j0+cols of kv head kvh in batch b.
-            unsafe {
+            if pack::is_elem::<T>(elem) {
+                // 16 keys at a time: their columns of dKᵀ (dVᵀ) transposed to rows, each row
+                // scaled and rounded 16 lanes at a time (element by element through a strided
+                // read this was a sixth of the backward).
+                for c0 in (0..cols).step_by(TILE_N) {
+                    let kc = TILE_N.min(cols - c0);
+                    for (sums, ptr, scale) in [(&scr.dkt, dk_ptr, opts.scale), (&scr.dvt, dv_ptr, 1.0)] {
+                        pack::transpose(&sums[c0..], BK, dp, kc, &mut scr.rows_out, dp);
+                        for k in 0..kc {
+                            // SAFETY: rows_out holds kc rows of dp (a multiple of 16) f32, bits
+                            // dp; K's features were detected; the output row is this task's.
+                            unsafe {
+                                narrow16_scaled::<K>(elem, scr.rows_out[k * dp..].as_ptr(), scale, scr.bits.as_mut_ptr(), dp);
+                                pack::store_bits(elem, &scr.bits[..d], std::slice::from_raw_parts_mut(ptr.get().add(at(c0 + k)), d));
+                            }
+                        }
+                    }
+                }
+            } else {
+                unsafe {
                 for c in 0..cols {
                     let dst = at(c);
                     let dk = std::slice::from_raw_parts_mut(dk_ptr.get().add(dst), d);
@@ -194,26 +263,36 @@ pub(crate) fn run<T: HostElement, U: TileUnit, K: Isa>(shape: &AttnShape, opts: 
                         *v = T::from_f32(scr.dvt[dd * BK + c]);
                     }
                 }
+                }
             }
         },
     );
 
     let dq_ptr = SyncPtr(out.dq.as_mut_ptr());
-    (0..batch * h * nqb).into_par_iter().for_each(|t| {
-        let (bhq, qb) = (t / nqb, t % nqb);
-        let (b, hq) = (bhq / h, bhq % h);
-        let rows = BR.min(sq - qb * BR);
-        let acc = dq_acc[t].lock().unwrap_or_else(|e| e.into_inner());
-        // SAFETY: block (b, hq, qb) alone writes dq[b, qb·BR.., hq, :].
-        unsafe {
-            for r in 0..rows {
-                let dst = std::slice::from_raw_parts_mut(dq_ptr.get().add(((b * sq + qb * BR + r) * h + hq) * d), d);
-                for (o, x) in dst.iter_mut().zip(&acc[r * dp..r * dp + d]) {
-                    *o = T::from_f32(opts.scale * x);
+    (0..batch * h * nqb).into_par_iter().for_each_init(
+        || Lines::<u16>::zeroed(dp),
+        |bits, t| {
+            let (bhq, qb) = (t / nqb, t % nqb);
+            let (b, hq) = (bhq / h, bhq % h);
+            let rows = BR.min(sq - qb * BR);
+            let acc = dq_acc[t].lock().unwrap_or_else(|e| e.into_inner());
+            // SAFETY: block (b, hq, qb) alone writes dq[b, qb·BR.., hq, :].
+            unsafe {
+                for r in 0..rows {
+                    let dst = std::slice::from_raw_parts_mut(dq_ptr.get().add(((b * sq + qb * BR + r) * h + hq) * d), d);
+                    if pack::is_elem::<T>(elem) {
+                        // acc rows hold dp (a multiple of 16) f32; K's features were detected.
+                        narrow16_scaled::<K>(elem, acc[r * dp..].as_ptr(), opts.scale, bits.as_mut_ptr(), dp);
+                        pack::store_bits(elem, &bits[..d], dst);
+                    } else {
+                        for (o, x) in dst.iter_mut().zip(&acc[r * dp..r * dp + d]) {
+                            *o = T::from_f32(opts.scale * x);
+                        }
+                    }
                 }
             }
-        }
-    });
+        },
+    );
 }
 
 /// One key tile against one query block: four of the five products. Adds to the tile's

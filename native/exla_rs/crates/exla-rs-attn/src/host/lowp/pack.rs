@@ -151,6 +151,27 @@ pub(crate) fn pack_vt<T: HostElement>(elem: Half16, vt: &mut [u16], sk: usize, s
     }
 }
 
+/// `dst[c·ld_dst + r] = src[r·ld_src + c]` for `r < rows`, `c < cols`: a block transposed, 16 × 16
+/// at a time so that both sides stay in a few dozen lines (element by element over whole rows,
+/// the backward's operand packing wrote one line per element and was a fifth of its time).
+pub(crate) fn transpose<X: Copy>(src: &[X], ld_src: usize, rows: usize, cols: usize, dst: &mut [X], ld_dst: usize) {
+    if rows == 0 || cols == 0 {
+        return;
+    }
+    assert!(src.len() >= (rows - 1) * ld_src + cols && dst.len() >= (cols - 1) * ld_dst + rows);
+    const T: usize = 16;
+    for r0 in (0..rows).step_by(T) {
+        for c0 in (0..cols).step_by(T) {
+            for c in c0..cols.min(c0 + T) {
+                let out = &mut dst[c * ld_dst..];
+                for r in r0..rows.min(r0 + T) {
+                    out[r] = src[r * ld_src + c];
+                }
+            }
+        }
+    }
+}
+
 /// A 16-bit row-major block (`rows` × `cols`, row stride `ld`, `rows` even, `cols` a multiple of
 /// 16) as B operand panels with the reduction along its rows: `dst[((p·rows/2 + r)·16 + n)·2 + e]
 /// = src[(2r + e)·ld + 16p + n]` (the `vt` layout with rows for keys and columns for d). This

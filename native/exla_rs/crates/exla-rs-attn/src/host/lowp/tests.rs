@@ -11,7 +11,8 @@
 use half::{bf16, f16};
 
 use super::super::tests::{cast, check, check_fully_masked_rows, check_lse, inputs, reference, Case, Rng};
-use super::super::{dispatch, BwdInputs, BwdOutputs, FwdInputs, FwdOutputs, HostElement, Which};
+use super::super::{available, dispatch, kernels, BwdInputs, BwdOutputs, FwdInputs, FwdOutputs, HostElement, Which};
+use super::pack;
 use super::model::{self, Half16, DEFAULT_NAN};
 use super::tile::{LOWP_TILES, TILE_K, TILE_M, TILE_N};
 #[cfg(target_arch = "x86_64")]
@@ -627,5 +628,35 @@ fn lowp_packers_write_the_documented_layouts() {
             }
         }
         assert!(kt[skp * dp..].iter().all(|&x| x == 0xDEAD) && vt[skp * dp..].iter().all(|&x| x == 0xBEEF), "nothing written past the pack");
+    }
+}
+
+/// The packing helpers the backward's prologue and epilogue use: a block transposed through
+/// 16 × 16 tiles (ragged edges, strides past the block) lands every element where the element-wise
+/// definition puts it and writes nothing else; the row dot product is the f64 one within f32 noise.
+#[test]
+fn lowp_transpose_and_row_dot() {
+    for (rows, cols) in [(1, 1), (16, 16), (17, 33), (128, 80), (40, 128)] {
+        let (ld_src, ld_dst) = (cols + 5, rows + 3);
+        let src: Vec<u32> = (0..rows * ld_src).map(|i| i as u32).collect();
+        let mut dst = vec![u32::MAX; cols * ld_dst];
+        pack::transpose(&src, ld_src, rows, cols, &mut dst, ld_dst);
+        for c in 0..cols {
+            for r in 0..ld_dst {
+                let want = if r < rows { src[r * ld_src + c] } else { u32::MAX };
+                assert_eq!(dst[c * ld_dst + r], want, "{rows}x{cols}: ({c}, {r})");
+            }
+        }
+    }
+    let mut rng = Rng(0x44);
+    for d in [1usize, 16, 31, 64, 80, 128, 256] {
+        let a: Vec<bf16> = (0..d).map(|_| bf16::from_f32(rng.uniform(2.0))).collect();
+        let b: Vec<bf16> = (0..d).map(|_| bf16::from_f32(rng.uniform(2.0))).collect();
+        let want: f64 = a.iter().zip(&b).map(|(x, y)| x.to_f64() * y.to_f64()).sum();
+        let abs: f64 = a.iter().zip(&b).map(|(x, y)| (x.to_f64() * y.to_f64()).abs()).sum();
+        for which in available() {
+            let got = with_isa!(which, K => super::backward::row_dot::<bf16, K>(Half16::Bf16, &a, &b));
+            assert!((got as f64 - want).abs() <= 1e-6 * abs, "D={d} {which:?}: {got} vs {want}");
+        }
     }
 }
