@@ -32,7 +32,7 @@ use super::super::{pool, BwdInputs, BwdOutputs, HostElement, SyncPtr};
 use super::pack::{self, padded_dim};
 use super::tile::{TILE_K, TILE_M, TILE_N};
 use super::model::Half16;
-use super::rows::{narrow16, narrow16_scaled};
+use super::rows::{bwd_row16, narrow16_scaled};
 use super::unit::{blocks, TileUnit, UnitScope};
 use crate::{AttnOptions, AttnShape, KeyRange};
 
@@ -326,16 +326,9 @@ fn tile<U: TileUnit, K: Isa>(scr: &mut Scratch, opts: &AttnOptions, qp: &QueryPa
             continue;
         }
         let (srow, prow) = (&mut scr.s[r * BK..(r + 1) * BK], &mut scr.p[r * BK..(r + 1) * BK]);
-        for x in srow.iter_mut() {
-            *x *= opts.scale;
-        }
-        // SAFETY: rows of BK elements (a multiple of 16); a < e ≤ cols ≤ BK; K's features
+        // SAFETY: rows of BK elements (a multiple of 32); a < e ≤ cols ≤ BK; K's features
         // were detected by the dispatcher.
-        unsafe {
-            K::bwd_row(srow.as_mut_ptr(), scr.dp[r * BK..].as_ptr(), prow.as_mut_ptr(), BK, a, e, opts.softcap, lse2[r], di[r]);
-            narrow16::<K>(elem, prow.as_ptr(), pa.as_mut_ptr(), BK);
-            narrow16::<K>(elem, srow.as_ptr(), dxa.as_mut_ptr(), BK);
-        }
+        unsafe { bwd_row16::<K>(elem, srow.as_mut_ptr(), scr.dp[r * BK..].as_ptr(), prow.as_mut_ptr(), BK, a, e, opts.scale, opts.softcap, lse2[r], di[r], pa.as_mut_ptr(), dxa.as_mut_ptr()) };
         any = true;
     }
     if !any {

@@ -35,6 +35,36 @@ pub(crate) unsafe fn fwd_row16<K: Isa>(elem: Half16, s: *mut f32, n: usize, a: u
     (m_new, sum)
 }
 
+/// One row of the backward's tile: `s[0..n]` holds `q·k` (raw), `dp[0..n]` `dO·v`; columns
+/// `[a, b)` (non-empty) are visible; `lse2 = log2(e)·lse`, `di = Σ dO∘O`. Writes `P` and
+/// `dX = P·(dP - di)·(softcap ? 1 - (x/c)² : 1)` rounded to `elem` into `pa[0..n]`, `dxa[0..n]` (0
+/// outside `[a, b)`): the operands of the next three products. `s` and `p` (`n` f32) may be
+/// clobbered.
+///
+/// On AVX-512 without softcap one pass: `2^(s·scale·log2(e) - lse2)` by one FMA and `exp2`, `dX`,
+/// and both rounded 32 lanes per instruction, with no f32 row written. Before it the row was
+/// scaled in one pass, run through the f32 path's kernel (P and dX stored as f32), and each
+/// narrowed in another: 49 M of a D = 128 backward's ~270 M TSC cycles (one thread); fused, the
+/// backward took 11-21% less (bench/RESULTS.md). Elsewhere that
+/// sequence, which computes the same function.
+///
+/// # Safety
+/// All rows hold `n` elements, `n` a multiple of 32, `a < b ≤ n`; `K`'s CPU features are present.
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn bwd_row16<K: Isa>(elem: Half16, s: *mut f32, dp: *const f32, p: *mut f32, n: usize, a: usize, b: usize, scale: f32, softcap: f32, lse2: f32, di: f32, pa: *mut u16, dxa: *mut u16) {
+    #[cfg(target_arch = "x86_64")]
+    if K::LANES == 16 && softcap == 0.0 {
+        // SAFETY: LANES = 16 is the AVX-512 family, whose features the dispatcher detected.
+        return avx512::bwd_row16(elem == Half16::F16, s, dp, n, a, b, scale * super::super::kernels::LOG2_E, lse2, di, pa, dxa);
+    }
+    for j in 0..n {
+        *s.add(j) *= scale;
+    }
+    K::bwd_row(s, dp, p, n, a, b, softcap, lse2, di);
+    narrow16::<K>(elem, p, pa, n);
+    narrow16::<K>(elem, s, dxa, n);
+}
+
 /// `dst[0..n] = src[0..n]` rounded to `elem` (nearest even), `n` a multiple of 16.
 ///
 /// # Safety
@@ -198,6 +228,67 @@ mod avx512 {
             }
             (m_new, s::hsum(s::add(sum0, sum1)))
         }};
+    }
+
+    /// The backward row's body ([`super::bwd_row16`]), per target-feature set as `row_body`.
+    macro_rules! bwd_body {
+        ($sp:ident, $dp:ident, $n:ident, $a:ident, $b:ident, $qs:ident, $lse2:ident, $di:ident, $pa:ident, $dxa:ident, $store2:expr) => {{
+            let (qs, nl2, div) = (s::splat($qs), s::splat(-$lse2), s::splat($di));
+            let full = $a == 0 && $b == $n;
+            let mut j = 0;
+            while j < $n {
+                let mut p0 = s::exp2(s::fma(s::load($sp.add(j)), qs, nl2));
+                let mut p1 = s::exp2(s::fma(s::load($sp.add(j + 16)), qs, nl2));
+                if !full {
+                    p0 = _mm512_maskz_mov_ps(visible(j, $a, $b), p0);
+                    p1 = _mm512_maskz_mov_ps(visible(j + 16, $a, $b), p1);
+                }
+                let d0 = s::mul(p0, s::sub(s::load($dp.add(j)), div));
+                let d1 = s::mul(p1, s::sub(s::load($dp.add(j + 16)), div));
+                $store2($pa.add(j), p0, p1);
+                $store2($dxa.add(j), d0, d1);
+                j += 32;
+            }
+        }};
+    }
+
+    #[target_feature(enable = "avx512f")]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn bwd_f16(sp: *const f32, dp: *const f32, n: usize, a: usize, b: usize, qs: f32, lse2: f32, di: f32, pa: *mut u16, dxa: *mut u16) {
+        bwd_body!(sp, dp, n, a, b, qs, lse2, di, pa, dxa, |o: *mut u16, p0, p1| {
+            store16(true, o, p0);
+            store16(true, o.add(16), p1)
+        })
+    }
+
+    #[target_feature(enable = "avx512f")]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn bwd_bf16(sp: *const f32, dp: *const f32, n: usize, a: usize, b: usize, qs: f32, lse2: f32, di: f32, pa: *mut u16, dxa: *mut u16) {
+        bwd_body!(sp, dp, n, a, b, qs, lse2, di, pa, dxa, |o: *mut u16, p0, p1| {
+            store16(false, o, p0);
+            store16(false, o.add(16), p1)
+        })
+    }
+
+    /// `VCVTNE2PS2BF16` reads denormals as 0: the same as the units do with a denormal bf16
+    /// operand (`TDPBF16PS`, `VDPBF16PS`), so the products come out as from [`bwd_bf16`].
+    #[target_feature(enable = "avx512f,avx512bf16")]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn bwd_bf16_native(sp: *const f32, dp: *const f32, n: usize, a: usize, b: usize, qs: f32, lse2: f32, di: f32, pa: *mut u16, dxa: *mut u16) {
+        bwd_body!(sp, dp, n, a, b, qs, lse2, di, pa, dxa, |o: *mut u16, p0, p1| store2_bf16_native(o, p0, p1))
+    }
+
+    /// [`super::bwd_row16`] without softcap (`n` a multiple of 32).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) unsafe fn bwd_row16(f16: bool, sp: *const f32, dp: *const f32, n: usize, a: usize, b: usize, qs: f32, lse2: f32, di: f32, pa: *mut u16, dxa: *mut u16) {
+        debug_assert!(n.is_multiple_of(32));
+        if f16 {
+            bwd_f16(sp, dp, n, a, b, qs, lse2, di, pa, dxa)
+        } else if std::is_x86_feature_detected!("avx512bf16") {
+            bwd_bf16_native(sp, dp, n, a, b, qs, lse2, di, pa, dxa)
+        } else {
+            bwd_bf16(sp, dp, n, a, b, qs, lse2, di, pa, dxa)
+        }
     }
 
     #[target_feature(enable = "avx512f")]
