@@ -26,6 +26,7 @@ use super::dropout::{keep_tile_fn, KeepTileFn, NO_DROPOUT, STORE};
 use super::extra::{BiasPanel, PanelSpan, Prep, PANEL_TILES};
 use super::tiles::{BC, BR};
 use super::kernels::{Gemm, Isa, Prefetch, LOG2_E, NO_EXT, PAD};
+use super::lines::Lines;
 use super::pool;
 use super::{round_up, BwdInputs, BwdOutputs, HostElement, SyncPtr};
 use crate::philox::Dropout;
@@ -34,11 +35,11 @@ use crate::{AttnOptions, AttnShape, BiasGrad, Extras, KeyRange};
 /// One key block's packed operands and the gradient rows its task accumulates.
 struct KeyBlock {
     /// `K^T`, `V^T` (the B operands of `S` and `dP`) and `scale·K` (of `dQ`).
-    kt: Vec<f32>,
-    vt: Vec<f32>,
-    ks: Vec<f32>,
-    dk: Vec<f32>,
-    dv: Vec<f32>,
+    kt: Lines<f32>,
+    vt: Lines<f32>,
+    ks: Lines<f32>,
+    dk: Lines<f32>,
+    dv: Lines<f32>,
     /// An inf/NaN in this block's K: dQ then goes row by row over the keys each row sees, since
     /// dX's exact zeros at hidden keys times inf would be NaN.
     k_bad: bool,
@@ -53,11 +54,11 @@ struct Scratch {
 }
 
 struct Work {
-    s: Vec<f32>,
-    dp: Vec<f32>,
-    p: Vec<f32>,
+    s: Lines<f32>,
+    dp: Lines<f32>,
+    p: Lines<f32>,
     /// This (head, query block)'s share of dQ, summed over the group's tiles.
-    tmp: Vec<f32>,
+    tmp: Lines<f32>,
     ranges: Vec<KeyRange>,
     /// The bias of the (head, query block) over the group's visible tiles (empty without one).
     panel: BiasPanel,
@@ -215,14 +216,14 @@ fn run_impl<T: HostElement, K: Isa, const EXT: bool, const DROP: bool>(shape: &A
     (0..batch * hkv * ngrp).into_par_iter().for_each_init(
         || Scratch {
             blocks: (0..group)
-                .map(|_| KeyBlock { kt: vec![0.0; d * BC], vt: vec![0.0; d * BC], ks: vec![0.0; BC * dp], dk: vec![0.0; BC * dp], dv: vec![0.0; BC * dp], k_bad: false })
+                .map(|_| KeyBlock { kt: Lines::zeroed(d * BC), vt: Lines::zeroed(d * BC), ks: Lines::zeroed(BC * dp), dk: Lines::zeroed(BC * dp), dv: Lines::zeroed(BC * dp), k_bad: false })
                 .collect(),
             seen: Vec::with_capacity(nqb),
             work: Work {
-                s: vec![0.0; BR * BC],
-                dp: vec![0.0; BR * BC],
-                p: vec![0.0; BR * BC],
-                tmp: vec![0.0; BR * dp],
+                s: Lines::zeroed(BR * BC),
+                dp: Lines::zeroed(BR * BC),
+                p: Lines::zeroed(BR * BC),
+                tmp: Lines::zeroed(BR * dp),
                 ranges: Vec::with_capacity(BR),
                 panel: BiasPanel::new(call.prep, group),
                 dz: if call.want_dz { vec![0.0; BR * dz_w] } else { Vec::new() },

@@ -13,6 +13,7 @@ use rayon::prelude::*;
 use super::dropout::{keep_tile_fn, KeepTileFn, MUL, NO_DROPOUT};
 use super::extra::{BiasPanel, PanelSpan, Prep, PANEL_TILES};
 use super::kernels::{Gemm, Isa, Prefetch, RowExtra, LOG2_E, PAD};
+use super::lines::Lines;
 use super::pool;
 use super::tiles::{BC, BR};
 use super::{finish_row, online_update, round_up, FwdInputs, FwdOutputs, HostElement, SyncPtr};
@@ -65,9 +66,9 @@ impl QueryBlock {
 
 /// Per-thread scratch, reused across tasks.
 struct Scratch {
-    qs: Vec<f32>,
-    s: Vec<f32>,
-    o: Vec<f32>,
+    qs: Lines<f32>,
+    s: Lines<f32>,
+    o: Lines<f32>,
     m: Vec<f32>,
     l: Vec<f32>,
     ranges: Vec<KeyRange>,
@@ -168,9 +169,9 @@ fn run_impl<T: HostElement, K: Isa, const EXT: bool, const DROP: bool>(shape: &A
     let (kt, vp) = (&kt[..], &vp[..]);
     (0..batch * h * nqb).into_par_iter().for_each_init(
         || Scratch {
-            qs: vec![0.0; BR * dp],
-            s: vec![0.0; BR * BC],
-            o: vec![0.0; BR * dp],
+            qs: Lines::zeroed(BR * dp),
+            s: Lines::zeroed(BR * BC),
+            o: Lines::zeroed(BR * dp),
             m: vec![0.0; BR],
             l: vec![0.0; BR],
             ranges: Vec::with_capacity(BR),
