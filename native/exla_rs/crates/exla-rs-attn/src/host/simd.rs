@@ -182,7 +182,24 @@ pub(crate) mod avx512 {
         // below EXP2_ZERO_BELOW are zeroed by its mask, which also covers -inf (whose f is
         // NaN). 11 µops where the bit-built form took 15: the forward's row pass is mostly this.
         let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(x);
-        let f = _mm512_sub_ps(x, n);
+        exp2_of(x, n, _mm512_sub_ps(x, n))
+    }
+
+    /// [`exp2`] with AVX512-DQ: `VREDUCEPS` gives `f = x - round(x)` in one µop where
+    /// `VRNDSCALEPS` takes two, and `n = x - f` is `round(x)` exactly, so the results are
+    /// [`exp2`]'s bit for bit. For kernels compiled with DQ (the lowp rows next to AVX512-BF16,
+    /// which every CPU with it also has).
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512dq")]
+    pub unsafe fn exp2_dq(x: V) -> V {
+        let f = _mm512_reduce_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(x);
+        exp2_of(x, _mm512_sub_ps(x, f), f)
+    }
+
+    /// `2^x` from `n = round(x)` and `f = x - n`.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn exp2_of(x: V, n: V, f: V) -> V {
         let mut y = splat(EXP2_P[0]);
         for &c in &EXP2_P[1..] {
             y = fma(y, f, splat(c));

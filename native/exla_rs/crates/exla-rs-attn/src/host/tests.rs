@@ -829,6 +829,32 @@ fn exp2_is_accurate_on_every_isa() {
     }
 }
 
+/// `exp2_dq` (range reduction by `VREDUCEPS`, the lowp rows beside AVX512-BF16) is `exp2` bit for
+/// bit: over the whole range the kernels use, its edges, both infinities and NaN.
+#[test]
+fn exp2_dq_is_exp2_bit_for_bit() {
+    #[cfg(target_arch = "x86_64")]
+    if is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512dq") {
+        use super::simd::avx512 as s;
+        let edges = [f32::NEG_INFINITY, f32::INFINITY, f32::NAN, 0.0, -0.0, 0.5, -0.5, 1.5, -126.0, -125.5, -126.5, 127.0, 128.0, 200.0];
+        let xs: Vec<f32> = (0..40_000).map(|i| -150.0 + i as f32 * 0.00731).chain(edges).collect();
+        for chunk in xs.chunks(16) {
+            let mut a = [0f32; 16];
+            a[..chunk.len()].copy_from_slice(chunk);
+            let (mut want, mut got) = ([0f32; 16], [0f32; 16]);
+            // SAFETY: AVX-512 F and DQ are present (checked); 16-lane arrays.
+            unsafe {
+                let v = s::load(a.as_ptr());
+                s::store(want.as_mut_ptr(), s::exp2(v));
+                s::store(got.as_mut_ptr(), s::exp2_dq(v));
+            }
+            for ((x, w), g) in a.iter().zip(want).zip(got) {
+                assert_eq!(w.to_bits(), g.to_bits(), "exp2({x}): {w} vs {g}");
+            }
+        }
+    }
+}
+
 /// The softcap's tanh at scores far past the cap: exactly ±cap on every ISA (its `exp2` overflowing
 /// to inf would make inf/inf = NaN, as AVX-512's exact-range `exp2` did before the clamp).
 #[test]

@@ -162,7 +162,7 @@ mod avx512 {
     /// second pass forms `s·qscale - m` in one FMA. So the first pass is a load and a max per
     /// 16 scores, where it was a load, a multiply, a store and a max.
     macro_rules! row_body {
-        ($sp:ident, $n:ident, $a:ident, $b:ident, $qscale:ident, $m_old:ident, $out:ident, $store:expr, $store2:expr) => {{
+        ($exp2:path, $sp:ident, $n:ident, $a:ident, $b:ident, $qscale:ident, $m_old:ident, $out:ident, $store:expr, $store2:expr) => {{
             let ninf = s::splat(f32::NEG_INFINITY);
             let full = $a == 0 && $b == $n;
             let (mut m0, mut m1) = (ninf, ninf);
@@ -182,7 +182,7 @@ mod avx512 {
                 let mut sum0 = s::zero();
                 let mut j = 0;
                 while j < $n {
-                    let p = s::exp2(s::sub(s::load($sp.add(j)), mv));
+                    let p = $exp2(s::sub(s::load($sp.add(j)), mv));
                     sum0 = s::add(sum0, p);
                     $store($out.add(j), p);
                     j += 16;
@@ -209,8 +209,8 @@ mod avx512 {
             if full {
                 let mut j = 0;
                 while j < $n {
-                    let p0 = s::exp2(s::fma(s::load($sp.add(j)), sc, neg_m));
-                    let p1 = s::exp2(s::fma(s::load($sp.add(j + 16)), sc, neg_m));
+                    let p0 = $exp2(s::fma(s::load($sp.add(j)), sc, neg_m));
+                    let p1 = $exp2(s::fma(s::load($sp.add(j + 16)), sc, neg_m));
                     sum0 = s::add(sum0, p0);
                     sum1 = s::add(sum1, p1);
                     $store2($out.add(j), p0, p1);
@@ -220,7 +220,7 @@ mod avx512 {
                 // Hidden lanes: exactly 0, whatever their score.
                 let mut j = 0;
                 while j < $n {
-                    let p = _mm512_maskz_mov_ps(visible(j, $a, $b), s::exp2(s::fma(s::load($sp.add(j)), sc, neg_m)));
+                    let p = _mm512_maskz_mov_ps(visible(j, $a, $b), $exp2(s::fma(s::load($sp.add(j)), sc, neg_m)));
                     sum0 = s::add(sum0, p);
                     $store($out.add(j), p);
                     j += 16;
@@ -232,13 +232,13 @@ mod avx512 {
 
     /// The backward row's body ([`super::bwd_row16`]), per target-feature set as `row_body`.
     macro_rules! bwd_body {
-        ($sp:ident, $dp:ident, $n:ident, $a:ident, $b:ident, $qs:ident, $lse2:ident, $di:ident, $pa:ident, $dxa:ident, $store2:expr) => {{
+        ($exp2:path, $sp:ident, $dp:ident, $n:ident, $a:ident, $b:ident, $qs:ident, $lse2:ident, $di:ident, $pa:ident, $dxa:ident, $store2:expr) => {{
             let (qs, nl2, div) = (s::splat($qs), s::splat(-$lse2), s::splat($di));
             let full = $a == 0 && $b == $n;
             let mut j = 0;
             while j < $n {
-                let mut p0 = s::exp2(s::fma(s::load($sp.add(j)), qs, nl2));
-                let mut p1 = s::exp2(s::fma(s::load($sp.add(j + 16)), qs, nl2));
+                let mut p0 = $exp2(s::fma(s::load($sp.add(j)), qs, nl2));
+                let mut p1 = $exp2(s::fma(s::load($sp.add(j + 16)), qs, nl2));
                 if !full {
                     p0 = _mm512_maskz_mov_ps(visible(j, $a, $b), p0);
                     p1 = _mm512_maskz_mov_ps(visible(j + 16, $a, $b), p1);
@@ -255,7 +255,7 @@ mod avx512 {
     #[target_feature(enable = "avx512f")]
     #[allow(clippy::too_many_arguments)]
     unsafe fn bwd_f16(sp: *const f32, dp: *const f32, n: usize, a: usize, b: usize, qs: f32, lse2: f32, di: f32, pa: *mut u16, dxa: *mut u16) {
-        bwd_body!(sp, dp, n, a, b, qs, lse2, di, pa, dxa, |o: *mut u16, p0, p1| {
+        bwd_body!(s::exp2, sp, dp, n, a, b, qs, lse2, di, pa, dxa, |o: *mut u16, p0, p1| {
             store16(true, o, p0);
             store16(true, o.add(16), p1)
         })
@@ -264,7 +264,7 @@ mod avx512 {
     #[target_feature(enable = "avx512f")]
     #[allow(clippy::too_many_arguments)]
     unsafe fn bwd_bf16(sp: *const f32, dp: *const f32, n: usize, a: usize, b: usize, qs: f32, lse2: f32, di: f32, pa: *mut u16, dxa: *mut u16) {
-        bwd_body!(sp, dp, n, a, b, qs, lse2, di, pa, dxa, |o: *mut u16, p0, p1| {
+        bwd_body!(s::exp2, sp, dp, n, a, b, qs, lse2, di, pa, dxa, |o: *mut u16, p0, p1| {
             store16(false, o, p0);
             store16(false, o.add(16), p1)
         })
@@ -272,10 +272,10 @@ mod avx512 {
 
     /// `VCVTNE2PS2BF16` reads denormals as 0: the same as the units do with a denormal bf16
     /// operand (`TDPBF16PS`, `VDPBF16PS`), so the products come out as from [`bwd_bf16`].
-    #[target_feature(enable = "avx512f,avx512bf16")]
+    #[target_feature(enable = "avx512f,avx512bf16,avx512dq")]
     #[allow(clippy::too_many_arguments)]
     unsafe fn bwd_bf16_native(sp: *const f32, dp: *const f32, n: usize, a: usize, b: usize, qs: f32, lse2: f32, di: f32, pa: *mut u16, dxa: *mut u16) {
-        bwd_body!(sp, dp, n, a, b, qs, lse2, di, pa, dxa, |o: *mut u16, p0, p1| store2_bf16_native(o, p0, p1))
+        bwd_body!(s::exp2_dq, sp, dp, n, a, b, qs, lse2, di, pa, dxa, |o: *mut u16, p0, p1| store2_bf16_native(o, p0, p1))
     }
 
     /// [`super::bwd_row16`] without softcap (`n` a multiple of 32).
@@ -284,7 +284,7 @@ mod avx512 {
         debug_assert!(n.is_multiple_of(32));
         if f16 {
             bwd_f16(sp, dp, n, a, b, qs, lse2, di, pa, dxa)
-        } else if std::is_x86_feature_detected!("avx512bf16") {
+        } else if std::is_x86_feature_detected!("avx512bf16") && std::is_x86_feature_detected!("avx512dq") {
             bwd_bf16_native(sp, dp, n, a, b, qs, lse2, di, pa, dxa)
         } else {
             bwd_bf16(sp, dp, n, a, b, qs, lse2, di, pa, dxa)
@@ -293,7 +293,7 @@ mod avx512 {
 
     #[target_feature(enable = "avx512f")]
     unsafe fn row_f16(sp: *mut f32, n: usize, a: usize, b: usize, qscale: f32, m_old: f32, out: *mut u16) -> (f32, f32) {
-        row_body!(sp, n, a, b, qscale, m_old, out, |o: *mut u16, p| store16(true, o, p), |o: *mut u16, p0, p1| {
+        row_body!(s::exp2, sp, n, a, b, qscale, m_old, out, |o: *mut u16, p| store16(true, o, p), |o: *mut u16, p0, p1| {
             store16(true, o, p0);
             store16(true, o.add(16), p1)
         })
@@ -301,15 +301,15 @@ mod avx512 {
 
     #[target_feature(enable = "avx512f")]
     unsafe fn row_bf16(sp: *mut f32, n: usize, a: usize, b: usize, qscale: f32, m_old: f32, out: *mut u16) -> (f32, f32) {
-        row_body!(sp, n, a, b, qscale, m_old, out, |o: *mut u16, p| store16(false, o, p), |o: *mut u16, p0, p1| {
+        row_body!(s::exp2, sp, n, a, b, qscale, m_old, out, |o: *mut u16, p| store16(false, o, p), |o: *mut u16, p0, p1| {
             store16(false, o, p0);
             store16(false, o.add(16), p1)
         })
     }
 
-    #[target_feature(enable = "avx512f,avx512bf16")]
+    #[target_feature(enable = "avx512f,avx512bf16,avx512dq")]
     unsafe fn row_bf16_native(sp: *mut f32, n: usize, a: usize, b: usize, qscale: f32, m_old: f32, out: *mut u16) -> (f32, f32) {
-        row_body!(sp, n, a, b, qscale, m_old, out, |o: *mut u16, p| store_bf16_native(o, p), |o: *mut u16, p0, p1| store2_bf16_native(o, p0, p1))
+        row_body!(s::exp2_dq, sp, n, a, b, qscale, m_old, out, |o: *mut u16, p| store_bf16_native(o, p), |o: *mut u16, p0, p1| store2_bf16_native(o, p0, p1))
     }
 
     /// [`super::fwd_row16`] without softcap (`n` a multiple of 32: whole key tiles).
@@ -318,7 +318,7 @@ mod avx512 {
         debug_assert!(n.is_multiple_of(32));
         if f16 {
             row_f16(sp, n, a, b, qscale, m_old, out)
-        } else if std::is_x86_feature_detected!("avx512bf16") {
+        } else if std::is_x86_feature_detected!("avx512bf16") && std::is_x86_feature_detected!("avx512dq") {
             row_bf16_native(sp, n, a, b, qscale, m_old, out)
         } else {
             row_bf16(sp, n, a, b, qscale, m_old, out)
