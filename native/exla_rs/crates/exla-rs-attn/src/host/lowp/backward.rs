@@ -32,7 +32,7 @@ use super::super::{pool, BwdInputs, BwdOutputs, HostElement, SyncPtr};
 use super::pack::{self, padded_dim};
 use super::tile::{TILE_K, TILE_M, TILE_N};
 use super::model::Half16;
-use super::rows::{bwd_row16, narrow16_scaled};
+use super::rows::{bwd_row16, store_scaled};
 use super::unit::{blocks, TileUnit, UnitScope};
 use crate::{AttnOptions, AttnShape, KeyRange};
 
@@ -233,36 +233,18 @@ pub(crate) fn run<T: HostElement, U: TileUnit, K: Isa>(shape: &AttnShape, opts: 
                     }
                 }
             }
-            // SAFETY: task (b, kvh, kb) alone writes keys j0..j0+cols of kv head kvh in batch b.
-            if pack::is_elem::<T>(elem) {
-                // 16 keys at a time: their columns of dKᵀ (dVᵀ) transposed to rows, each row
-                // scaled and rounded 16 lanes at a time (element by element through a strided
-                // read this was a sixth of the backward).
-                for c0 in (0..cols).step_by(TILE_N) {
-                    let kc = TILE_N.min(cols - c0);
-                    for (sums, ptr, scale) in [(&scr.dkt, dk_ptr, opts.scale), (&scr.dvt, dv_ptr, 1.0)] {
-                        pack::transpose(&sums[c0..], BK, dp, kc, &mut scr.rows_out, dp);
-                        for k in 0..kc {
-                            // SAFETY: rows_out holds kc rows of dp (a multiple of 16) f32, bits
-                            // dp; K's features were detected; the output row is this task's.
-                            unsafe {
-                                narrow16_scaled::<K>(elem, scr.rows_out[k * dp..].as_ptr(), scale, scr.bits.as_mut_ptr(), dp);
-                                pack::store_bits(elem, &scr.bits[..d], std::slice::from_raw_parts_mut(ptr.get().add(at(c0 + k)), d));
-                            }
-                        }
+            // 16 keys at a time: their columns of dKᵀ (dVᵀ) transposed to rows, each row scaled
+            // and rounded 16 lanes at a time (element by element through a strided read this was
+            // a sixth of the backward).
+            for c0 in (0..cols).step_by(TILE_N) {
+                let kc = TILE_N.min(cols - c0);
+                for (sums, ptr, scale) in [(&scr.dkt, dk_ptr, opts.scale), (&scr.dvt, dv_ptr, 1.0)] {
+                    pack::transpose(&sums[c0..], BK, dp, kc, &mut scr.rows_out, dp);
+                    for k in 0..kc {
+                        // SAFETY: task (b, kvh, kb) alone writes keys j0..j0+cols of kv head kvh
+                        // in batch b; rows_out holds kc rows of dp f32; K's features were detected.
+                        unsafe { store_scaled::<T, K>(elem, &scr.rows_out[k * dp..(k + 1) * dp], scale, &mut scr.bits, std::slice::from_raw_parts_mut(ptr.get().add(at(c0 + k)), d)) };
                     }
-                }
-            } else {
-                unsafe {
-                for c in 0..cols {
-                    let dst = at(c);
-                    let dk = std::slice::from_raw_parts_mut(dk_ptr.get().add(dst), d);
-                    let dv = std::slice::from_raw_parts_mut(dv_ptr.get().add(dst), d);
-                    for (dd, (o, v)) in dk.iter_mut().zip(dv.iter_mut()).enumerate() {
-                        *o = T::from_f32(opts.scale * scr.dkt[dd * BK + c]);
-                        *v = T::from_f32(scr.dvt[dd * BK + c]);
-                    }
-                }
                 }
             }
         },
@@ -276,19 +258,12 @@ pub(crate) fn run<T: HostElement, U: TileUnit, K: Isa>(shape: &AttnShape, opts: 
             let (b, hq) = (bhq / h, bhq % h);
             let rows = BR.min(sq - qb * BR);
             let acc = dq_acc[t].lock().unwrap_or_else(|e| e.into_inner());
-            // SAFETY: block (b, hq, qb) alone writes dq[b, qb·BR.., hq, :].
+            // SAFETY: block (b, hq, qb) alone writes dq[b, qb·BR.., hq, :]; acc rows hold dp
+            // f32; K's features were detected.
             unsafe {
                 for r in 0..rows {
                     let dst = std::slice::from_raw_parts_mut(dq_ptr.get().add(((b * sq + qb * BR + r) * h + hq) * d), d);
-                    if pack::is_elem::<T>(elem) {
-                        // acc rows hold dp (a multiple of 16) f32; K's features were detected.
-                        narrow16_scaled::<K>(elem, acc[r * dp..].as_ptr(), opts.scale, bits.as_mut_ptr(), dp);
-                        pack::store_bits(elem, &bits[..d], dst);
-                    } else {
-                        for (o, x) in dst.iter_mut().zip(&acc[r * dp..r * dp + d]) {
-                            *o = T::from_f32(opts.scale * x);
-                        }
-                    }
+                    store_scaled::<T, K>(elem, &acc[r * dp..(r + 1) * dp], opts.scale, bits, dst);
                 }
             }
         },

@@ -31,7 +31,7 @@ use super::super::kernels::{Isa, LOG2_E};
 use super::super::lines::Lines;
 use super::super::{finish_row, online_update, pool, row_lse, FwdInputs, FwdOutputs, HostElement, SyncPtr};
 use super::pack::{self, padded_dim, BC};
-use super::rows::{fwd_row16, narrow16_scaled};
+use super::rows::{fwd_row16, store_scaled};
 use super::tile::{TILE_K, TILE_M, TILE_N};
 use super::unit::{blocks, TileUnit, UnitScope};
 use crate::{AttnOptions, AttnShape, KeyRange};
@@ -153,11 +153,10 @@ pub(crate) fn run<T: HostElement, U: TileUnit, K: Isa>(shape: &AttnShape, opts: 
                     let lse = &mut *lse_ptr.get().add((b * h + hq) * sq + i0 + r);
                     let (m, l) = (scr.m[r], scr.l[r]);
                     let orow = &scr.o[r * o_ld(dp)..r * o_ld(dp) + dp];
-                    if l > 0.0 && pack::is_elem::<T>(elem) {
+                    if l > 0.0 {
                         // finish_row's `o = acc / l` rounded to T, 16 lanes at a time (its
                         // per-element conversion was 2-3% of the forward).
-                        narrow16_scaled::<K>(elem, orow.as_ptr(), 1.0 / l, scr.pa.as_mut_ptr(), dp);
-                        pack::store_bits(elem, &scr.pa[..d], dst);
+                        store_scaled::<T, K>(elem, orow, 1.0 / l, &mut scr.pa[..dp], dst);
                         *lse = row_lse(m, l);
                     } else {
                         finish_row(dst, lse, &orow[..d], m, l);

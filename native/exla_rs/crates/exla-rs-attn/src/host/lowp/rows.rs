@@ -8,6 +8,7 @@
 //! contract's `p = 2^(s2 - m_new)` with the same `exp2`.
 
 use super::super::kernels::Isa;
+use super::super::HostElement;
 use super::model::Half16;
 use super::pack;
 
@@ -69,7 +70,7 @@ pub(crate) unsafe fn bwd_row16<K: Isa>(elem: Half16, s: *mut f32, dp: *const f32
 ///
 /// # Safety
 /// `src` and `dst` hold `n` elements; `K`'s CPU features are present.
-pub(crate) unsafe fn narrow16<K: Isa>(elem: Half16, src: *const f32, dst: *mut u16, n: usize) {
+unsafe fn narrow16<K: Isa>(elem: Half16, src: *const f32, dst: *mut u16, n: usize) {
     narrow16_scaled::<K>(elem, src, 1.0, dst, n)
 }
 
@@ -79,7 +80,7 @@ pub(crate) unsafe fn narrow16<K: Isa>(elem: Half16, src: *const f32, dst: *mut u
 ///
 /// # Safety
 /// As [`narrow16`].
-pub(crate) unsafe fn narrow16_scaled<K: Isa>(elem: Half16, src: *const f32, scale: f32, dst: *mut u16, n: usize) {
+unsafe fn narrow16_scaled<K: Isa>(elem: Half16, src: *const f32, scale: f32, dst: *mut u16, n: usize) {
     #[cfg(target_arch = "x86_64")]
     if K::LANES == 16 {
         // SAFETY: LANES = 16 is the AVX-512 family, whose features the dispatcher detected.
@@ -87,6 +88,26 @@ pub(crate) unsafe fn narrow16_scaled<K: Isa>(elem: Half16, src: *const f32, scal
     }
     for j in 0..n {
         *dst.add(j) = pack::bits(elem, *src.add(j) * scale);
+    }
+}
+
+/// An output row: `dst[j] = T(src[j]·scale)` (the f32 product rounded to `T`, nearest even) for
+/// `j < dst.len()`. Where `T` is `elem` (every real call) 16 lanes at a time through `bits`, else
+/// element by element: the same values either way. `src` and `bits` hold `dst.len()` rounded up to
+/// a multiple of 16 (the padded width). The forward's `o`, the backward's dQ, dK and dV.
+///
+/// # Safety
+/// `K`'s CPU features are present.
+pub(crate) unsafe fn store_scaled<T: HostElement, K: Isa>(elem: Half16, src: &[f32], scale: f32, bits: &mut [u16], dst: &mut [T]) {
+    let n = dst.len().div_ceil(16) * 16;
+    assert!(src.len() >= n && bits.len() >= n);
+    if pack::is_elem::<T>(elem) {
+        narrow16_scaled::<K>(elem, src.as_ptr(), scale, bits.as_mut_ptr(), n);
+        pack::store_bits(elem, &bits[..dst.len()], dst);
+    } else {
+        for (o, x) in dst.iter_mut().zip(src) {
+            *o = T::from_f32(x * scale);
+        }
     }
 }
 
