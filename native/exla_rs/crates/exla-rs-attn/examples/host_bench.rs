@@ -154,7 +154,7 @@ fn main() {
             let best = (0..5).map(|_| unsafe { fma_peak_avx512() }).fold(0.0, f64::max);
             println!("f32 FMA peak: {best:.1} GFLOP/s per core (AVX-512, 16 chains)");
         }
-        for r in exla_rs_attn::host::unit_rates() {
+        for r in exla_rs_attn::host::gemm_rates().into_iter().chain(exla_rs_attn::host::unit_rates()) {
             println!("{}: {:.1} GFLOP/s per core", r.what, r.gflops);
         }
         if let Some(o) = exla_rs_attn::host::overlap(200_000) {

@@ -15,6 +15,7 @@ use super::extra::{BiasPanel, PanelSpan, Prep, PANEL_TILES};
 use super::kernels::{Gemm, Isa, Prefetch, RowExtra, LOG2_E, PAD};
 use super::lines::Lines;
 use super::pool;
+use super::prefetch::prefetch_line_l2;
 use super::tiles::{BC, BR};
 use super::{finish_row, online_update, round_up, FwdInputs, FwdOutputs, HostElement, SyncPtr};
 use crate::philox::Dropout;
@@ -37,6 +38,7 @@ pub(crate) fn finished_without_keys<T: HostElement>(shape: &AttnShape, out: &mut
 
 /// Where task `task` of a forward sits: one (batch, head, block of `br` query rows), tasks
 /// numbered block-fastest, then head, then batch.
+#[derive(Clone, Copy)]
 pub(crate) struct QueryBlock {
     pub b: usize,
     pub hq: usize,
@@ -61,6 +63,78 @@ impl QueryBlock {
         ranges.clear();
         ranges.extend((0..self.rows).map(|r| KeyRange::for_row(opts, sk, kvl, qst, self.i0 + r)));
         KeyRange::for_rows(opts, sk, kvl, qst, self.i0, self.i0 + self.rows)
+    }
+}
+
+/// Key tiles per step of the plain instance (no extras, no dropout): its row pass and O's
+/// rescale run once per row per step, its `P·V` loads and stores each O tile once per step. At
+/// one tile (64 keys) a row's fixed costs (the call, the max and sum reductions, `exp2` of the
+/// rescale, O's 128 products) were set against 4 vectors of scores. The extras and dropout keep
+/// one tile per step: their per-row inputs (bias panels, the generator's spans) are per tile.
+const STEP_TILES: usize = 4;
+/// The score scratch's row stride.
+pub(super) const S_LD: usize = STEP_TILES * BC;
+
+/// Key tiles at the end of a task over which it asks L2 for the rows the next moments touch: the
+/// next task's Q rows and this task's output rows. In `[B, S, H, D]` arrays each row of a head
+/// sits `H·D` elements from the next, a page apart for common shapes, where the hardware
+/// prefetchers stop: unasked, the Q copy and the output rows cost about 4 ms each per call of a
+/// one-thread S = 2048, D = 128 forward (160 ms), in cache-miss latency.
+const TAIL_TILES: usize = 4;
+
+/// The rows of one (batch, head, query block) in a `[B, S, H, D]` array of `T`.
+#[derive(Clone, Copy)]
+pub(crate) struct BlockRows {
+    base: *const u8,
+    stride: usize,
+    rows: usize,
+    lines: usize,
+}
+
+impl BlockRows {
+    /// The block `qb` of the array at `x` (addresses only: nothing is read through it here).
+    pub(crate) fn of<T>(x: *const T, shape: &AttnShape, qb: &QueryBlock) -> Self {
+        let size = std::mem::size_of::<T>();
+        let first = ((qb.b * shape.seq_q + qb.i0) * shape.heads + qb.hq) * shape.head_dim;
+        // One line more than a row's bytes: a row need not start on a line.
+        Self { base: x.wrapping_add(first) as *const u8, stride: shape.heads * shape.head_dim * size, rows: qb.rows, lines: (shape.head_dim * size).div_ceil(64) + 1 }
+    }
+
+    /// Parts `ks` of `parts` (rows split evenly), as a plan a [`Gemm`] spreads over its calls.
+    pub(crate) fn parts(&self, ks: std::ops::Range<usize>, parts: usize) -> Prefetch {
+        let (r0, r1) = (ks.start * self.rows / parts, ks.end * self.rows / parts);
+        Prefetch { base: self.base.wrapping_add(r0 * self.stride), stride: self.stride, rows: r1 - r0, lines: self.lines, l2: true }
+    }
+
+    /// Asks L2 for row `r`'s lines now (nothing past the block's rows). A hint: never faults.
+    pub(crate) fn prefetch_row(&self, r: usize) {
+        if r < self.rows {
+            let row = self.base.wrapping_add(r * self.stride);
+            for line in 0..self.lines {
+                prefetch_line_l2(row.wrapping_add(line * 64));
+            }
+        }
+    }
+}
+
+/// What a task asks for over its last [`TAIL_TILES`] key tiles (see there).
+struct TailPlan {
+    next_q: Option<BlockRows>,
+    out: BlockRows,
+    /// The first tile of the tail, and how many tiles it has.
+    from: usize,
+    parts: usize,
+}
+
+impl TailPlan {
+    /// The plans of key tiles `tiles`: (the next task's Q, this task's output), their share of the
+    /// tail's rows (none before the tail).
+    fn at(&self, tiles: std::ops::Range<usize>) -> (Prefetch, Prefetch) {
+        if tiles.end <= self.from {
+            return (Prefetch::NONE, Prefetch::NONE);
+        }
+        let ks = tiles.start.max(self.from) - self.from..tiles.end - self.from;
+        (self.next_q.map_or(Prefetch::NONE, |q| q.parts(ks.clone(), self.parts)), self.out.parts(ks, self.parts))
     }
 }
 
@@ -91,6 +165,7 @@ struct RowCtx<'p, 'a> {
     /// tiles are prefetched while this one computes its last).
     block: PanelSpan,
     next: Option<PanelSpan>,
+    tail: TailPlan,
 }
 
 pub(super) fn run<T: HostElement, K: Isa>(shape: &AttnShape, opts: &AttnOptions, inp: FwdInputs<'_, T>, out: FwdOutputs<'_, T>, ex: &Extras<'_>) {
@@ -170,7 +245,7 @@ fn run_impl<T: HostElement, K: Isa, const EXT: bool, const DROP: bool>(shape: &A
     (0..batch * h * nqb).into_par_iter().for_each_init(
         || Scratch {
             qs: Lines::zeroed(BR * dp),
-            s: Lines::zeroed(BR * BC),
+            s: Lines::zeroed(BR * S_LD),
             o: Lines::zeroed(BR * dp),
             m: vec![0.0; BR],
             l: vec![0.0; BR],
@@ -201,11 +276,21 @@ fn run_impl<T: HostElement, K: Isa, const EXT: bool, const DROP: bool>(shape: &A
                 let vbad = &vbad[bkv * ntk..(bkv + 1) * ntk];
                 let tiles = block.start / BC..block.end.div_ceil(BC);
                 let next_block = if EXT && prep.in_place() { first_span(task + 1) } else { None };
-                let ctx = RowCtx { prep, b, hq, i0, q_start: qst as i64, alibi2: if EXT { prep.alibi2(hq) } else { 0.0 }, dropout, keep_tile, block: PanelSpan { b, hq, i0, rows, t0: tiles.start, t1: tiles.end }, next: next_block };
+                let tail = TailPlan {
+                    next_q: (task + 1 < batch * h * nqb).then(|| BlockRows::of(inp.q.as_ptr(), shape, &QueryBlock::of(task + 1, BR, shape))),
+                    out: BlockRows::of(o_ptr.get(), shape, &qblock),
+                    from: tiles.end.saturating_sub(TAIL_TILES).max(tiles.start),
+                    parts: tiles.len().min(TAIL_TILES),
+                };
+                let ctx = RowCtx { prep, b, hq, i0, q_start: qst as i64, alibi2: if EXT { prep.alibi2(hq) } else { 0.0 }, dropout, keep_tile, block: PanelSpan { b, hq, i0, rows, t0: tiles.start, t1: tiles.end }, next: next_block, tail };
                 scr.panel.clear();
                 // The span the panel is filled with after the current one.
                 let mut next: Option<PanelSpan> = None;
-                for tile in tiles.clone() {
+                let per_step = if EXT || DROP { 1 } else { STEP_TILES };
+                let mut t1 = tiles.start;
+                while t1 < tiles.end {
+                    let tile = t1;
+                    t1 = (tile + per_step).min(tiles.end);
                     if EXT && !prep.tile_visible(b, tile) {
                         // key_mask hides every key of this tile from this batch row.
                         continue;
@@ -222,7 +307,7 @@ fn run_impl<T: HostElement, K: Isa, const EXT: bool, const DROP: bool>(shape: &A
                             prep.prefetch_part(next, tile - held.start, held.len());
                         }
                     }
-                    step::<K, EXT, DROP>(scr, opts, rows, d, dp, tile, kt, vp, vbad[tile], &ctx);
+                    step::<K, EXT, DROP>(scr, opts, rows, d, dp, tile..t1, kt, vp, vbad[tile..t1].contains(&true), &ctx);
                 }
             }
 
@@ -239,30 +324,39 @@ fn run_impl<T: HostElement, K: Isa, const EXT: bool, const DROP: bool>(shape: &A
     );
 }
 
-/// One key tile for one block of query rows: `S = Qs·K^T`, the online-softmax update of every
-/// row, then `O += P·V` over the tile's columns that any row sees.
+/// One step of key tiles (one unless the plain instance) for one block of query rows:
+/// `S = Qs·K^T`, the online-softmax update of every row, then `O += P·V` over the step's columns
+/// that any row sees.
 #[allow(clippy::too_many_arguments)]
-fn step<K: Isa, const EXT: bool, const DROP: bool>(scr: &mut Scratch, opts: &AttnOptions, rows: usize, d: usize, dp: usize, tile: usize, kt: &[f32], vp: &[f32], v_bad: bool, ctx: &RowCtx<'_, '_>) {
+fn step<K: Isa, const EXT: bool, const DROP: bool>(scr: &mut Scratch, opts: &AttnOptions, rows: usize, d: usize, dp: usize, tiles: std::ops::Range<usize>, kt: &[f32], vp: &[f32], v_bad: bool, ctx: &RowCtx<'_, '_>) {
+    let (tile, n) = (tiles.start, tiles.len() * BC);
     let j0 = tile * BC;
-    let kt_tile = &kt[tile * d * BC..(tile + 1) * d * BC];
-    // SAFETY: qs is rows×dp (k = d ≤ dp columns read), kt_tile is d×BC, s is BR×BC.
-    unsafe {
-        K::gemm(Gemm {
-            m: rows,
-            n: BC,
-            k: d,
-            a: scr.qs.as_ptr(),
-            a_rs: dp,
-            a_cs: 1,
-            b: kt_tile.as_ptr(),
-            ldb: BC,
-            c: scr.s.as_mut_ptr(),
-            ldc: BC,
-            accumulate: false,
-            pf: if EXT { ctx.prep.prefetch_ahead(&ctx.block, ctx.next.as_ref(), tile) } else { Prefetch::NONE },
-        });
+    debug_assert!(n <= S_LD && (tiles.len() == 1 || !(EXT || DROP)));
+    let (next_q, out_rows) = ctx.tail.at(tiles.clone());
+    // The output rows ride on S's product unless the in-place bias asks for its own lines there.
+    let bias_pf = if EXT { ctx.prep.prefetch_ahead(&ctx.block, ctx.next.as_ref(), tile) } else { Prefetch::NONE };
+    let mut pf = if bias_pf.rows > 0 { bias_pf } else { out_rows };
+    for (t, kt_tile) in kt[j0 * d..(j0 + n) * d].chunks_exact(d * BC).enumerate() {
+        // SAFETY: qs is rows×dp (k = d ≤ dp columns read), kt_tile is d×BC, s is BR×S_LD and
+        // this tile's columns t·BC.. t·BC + BC ≤ n ≤ S_LD.
+        unsafe {
+            K::gemm(Gemm {
+                m: rows,
+                n: BC,
+                k: d,
+                a: scr.qs.as_ptr(),
+                a_rs: dp,
+                a_cs: 1,
+                b: kt_tile.as_ptr(),
+                ldb: BC,
+                c: scr.s.as_mut_ptr().add(t * BC),
+                ldc: S_LD,
+                accumulate: false,
+                pf: std::mem::replace(&mut pf, Prefetch::NONE),
+            });
+        }
     }
-    let (mut clo, mut chi) = (BC, 0);
+    let (mut clo, mut chi) = (n, 0);
     // Whether some row of the block sees only part of [clo, chi) (or nothing of it): then P has
     // exact zeros at keys those rows must not see, and the block gemm would multiply them by V.
     let mut partial = EXT;
@@ -271,10 +365,9 @@ fn step<K: Isa, const EXT: bool, const DROP: bool>(scr: &mut Scratch, opts: &Att
     let mut drop_spans = [(0usize, 0usize); BR];
     for (r, drop_span) in drop_spans[..rows].iter_mut().enumerate() {
         let rg = scr.ranges[r];
-        let a = rg.start.saturating_sub(j0).min(BC);
-        let b = rg.end.saturating_sub(j0).min(BC);
-        partial |= r > 0 && (a, b) != (rg_a(&scr.ranges[0], j0), rg_b(&scr.ranges[0], j0));
-        let srow = &mut scr.s[r * BC..(r + 1) * BC];
+        let (a, b) = (rg_a(&rg, j0, n), rg_b(&rg, j0, n));
+        partial |= r > 0 && (a, b) != (rg_a(&scr.ranges[0], j0, n), rg_b(&scr.ranges[0], j0, n));
+        let srow = &mut scr.s[r * S_LD..r * S_LD + n];
         if a >= b {
             // Nothing visible in this tile: the row adds nothing to O.
             srow.fill(0.0);
@@ -283,16 +376,16 @@ fn step<K: Isa, const EXT: bool, const DROP: bool>(scr: &mut Scratch, opts: &Att
         let (m_new, sum) = if EXT {
             let i = ctx.i0 + r;
             let ext: RowExtra = ctx.prep.row(&scr.panel, ctx.b, ctx.hq, r, i, ctx.q_start + i as i64, tile, ctx.alibi2);
-            // SAFETY: srow and the extras' row have BC elements, a < b ≤ BC.
-            let (m_new, sum) = unsafe { K::fwd_row_ext(srow.as_mut_ptr(), BC, a, b, opts.softcap, scr.m[r], ext) };
+            // SAFETY: srow and the extras' row have BC = n elements, a < b ≤ BC.
+            let (m_new, sum) = unsafe { K::fwd_row_ext(srow.as_mut_ptr(), n, a, b, opts.softcap, scr.m[r], ext) };
             if m_new == f32::NEG_INFINITY {
                 // Every key seen so far is hidden (key mask / -inf bias): srow is zeros.
                 continue;
             }
             (m_new, sum)
         } else {
-            // SAFETY: srow has BC elements, a < b ≤ BC.
-            unsafe { K::fwd_row(srow.as_mut_ptr(), BC, a, b, opts.softcap, scr.m[r]) }
+            // SAFETY: srow has n elements, a < b ≤ n.
+            unsafe { K::fwd_row(srow.as_mut_ptr(), n, a, b, opts.softcap, scr.m[r]) }
         };
         online_update(&mut scr.o[r * dp..(r + 1) * dp], &mut scr.m[r], &mut scr.l[r], m_new, sum);
         if DROP {
@@ -306,25 +399,26 @@ fn step<K: Isa, const EXT: bool, const DROP: bool>(scr: &mut Scratch, opts: &Att
     if DROP {
         // o takes P ∘ M · s; l (so lse) keeps the undropped sum: the softmax precedes dropout.
         // The generator scales the rows in place, two rows side by side where it can.
-        // SAFETY: s is BR×BC; every span ends at ≤ BC (a multiple of 4), and j0 is a multiple of BC.
-        unsafe { (ctx.keep_tile)(scr.s.as_mut_ptr(), BC, &drop_spans[..rows], &ctx.dropout, ctx.b as u32, ctx.hq as u32, ctx.i0 as u32, j0) };
+        // SAFETY: s is BR×S_LD; every span ends at ≤ n = BC (a multiple of 4), and j0 is a
+        // multiple of BC.
+        unsafe { (ctx.keep_tile)(scr.s.as_mut_ptr(), S_LD, &drop_spans[..rows], &ctx.dropout, ctx.b as u32, ctx.hq as u32, ctx.i0 as u32, j0) };
     }
     // 0 * inf = NaN: when such a tile's V holds an inf/NaN, each row multiplies only the keys it
     // sees (a row that sees one gets the non-finite result it should), so none reaches the others.
     if clo < chi && partial && v_bad && vp[(j0 + clo) * dp..(j0 + chi) * dp].iter().any(|x| !x.is_finite()) {
         for r in 0..rows {
-            let (a, b) = (rg_a(&scr.ranges[r], j0), rg_b(&scr.ranges[r], j0));
+            let (a, b) = (rg_a(&scr.ranges[r], j0, n), rg_b(&scr.ranges[r], j0, n));
             if a >= b || scr.m[r] == f32::NEG_INFINITY {
                 continue;
             }
-            // SAFETY: s row r columns a..b < BC; vp rows j0+a..j0+b inside the tile; o row r.
+            // SAFETY: s row r columns a..b < n; vp rows j0+a..j0+b inside the step; o row r.
             unsafe {
                 K::gemm(Gemm {
                     m: 1,
                     n: dp,
                     k: b - a,
-                    a: scr.s.as_ptr().add(r * BC + a),
-                    a_rs: BC,
+                    a: scr.s.as_ptr().add(r * S_LD + a),
+                    a_rs: S_LD,
                     a_cs: 1,
                     b: vp.as_ptr().add((j0 + a) * dp),
                     ldb: dp,
@@ -336,30 +430,30 @@ fn step<K: Isa, const EXT: bool, const DROP: bool>(scr: &mut Scratch, opts: &Att
             }
         }
     } else if clo < chi {
-        // SAFETY: s columns clo..chi < BC; vp rows j0+clo..j0+chi lie inside the padded tile.
+        // SAFETY: s columns clo..chi ≤ n; vp rows j0+clo..j0+chi lie inside the padded tiles.
         unsafe {
             K::gemm(Gemm {
                 m: rows,
                 n: dp,
                 k: chi - clo,
                 a: scr.s.as_ptr().add(clo),
-                a_rs: BC,
+                a_rs: S_LD,
                 a_cs: 1,
                 b: vp.as_ptr().add((j0 + clo) * dp),
                 ldb: dp,
                 c: scr.o.as_mut_ptr(),
                 ldc: dp,
                 accumulate: true,
-                pf: Prefetch::NONE,
+                pf: next_q,
             });
         }
     }
 }
 
-/// A row's visible keys within the tile starting at key j0, as tile columns [rg_a, rg_b).
-fn rg_a(rg: &KeyRange, j0: usize) -> usize {
-    rg.start.saturating_sub(j0).min(BC)
+/// A row's visible keys within the `n` keys from key j0, as step columns [rg_a, rg_b).
+fn rg_a(rg: &KeyRange, j0: usize, n: usize) -> usize {
+    rg.start.saturating_sub(j0).min(n)
 }
-fn rg_b(rg: &KeyRange, j0: usize) -> usize {
-    rg.end.saturating_sub(j0).min(BC)
+fn rg_b(rg: &KeyRange, j0: usize, n: usize) -> usize {
+    rg.end.saturating_sub(j0).min(n)
 }

@@ -49,6 +49,7 @@ mod dropout;
 mod element;
 mod extra;
 mod forward;
+mod gemm_rate;
 #[cfg(test)]
 mod group_tests;
 mod kernels;
@@ -63,6 +64,7 @@ mod tiles;
 mod tests;
 
 pub use element::HostElement;
+pub use gemm_rate::gemm_rates;
 pub use lowp::peak::{overlap, unit_rates, Overlap, UnitRate};
 
 use crate::{AttnError, AttnOptions, AttnShape, BiasGrad, ElementType, Extras, Pass};

@@ -159,6 +159,10 @@ fn cases() -> Vec<Case> {
         // Windows that leave rows empty in the middle of the sequence / past kv_len.
         Case::new(1, 40, 40, 1, 1, 8).win(0, 0).kv(&[20]),
         Case::new(1, 200, 210, 2, 2, 8).win(-1, 0).qs(&[5]).kv(&[190]),
+        // More keys than one step of the f32 forward's plain instance (4 tiles of 64): the
+        // online rescale across steps, a causal edge and a window that starts mid-step.
+        Case::new(1, 70, 530, 2, 1, 16).win(-1, 0).qs(&[460]),
+        Case::new(1, 40, 400, 2, 2, 8).win(150, 30),
     ]
 }
 
