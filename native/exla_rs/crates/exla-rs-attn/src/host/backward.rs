@@ -1,11 +1,11 @@
 //! Backward pass (FlashAttention-2 order): one rayon task per (batch, kv head, group of
-//! consecutive blocks of `BC` keys; one block per group unless there is a bias, see
-//! [`key_group`]). A task owns its dK/dV rows outright, loops over the query heads of its GQA
-//! group and the query blocks that can see its keys (for each, over the group's tiles),
-//! recomputes `P` from the saved `lse`, and adds its share of dQ into an f32 accumulator per
-//! (batch, head, query block) under that block's mutex. This keeps both cores busy even for
-//! B·Hkv = 1 (Sk/BC tasks) with no S×S buffer; a lock is held for `BR·D` additions against
-//! `~5·BR·BC·D` FMAs of work per tile, so contention is negligible.
+//! consecutive blocks of `BC` keys; see [`key_group`]). A task owns its dK/dV rows outright,
+//! loops over the query heads of its GQA group and the query blocks that can see its keys (for
+//! each, over the group's tiles), recomputes `P` from the saved `lse`, and adds its share of dQ
+//! into an f32 accumulator per (batch, head, query block) under that block's mutex. This keeps
+//! both cores busy even for B·Hkv = 1 (Sk/BC tasks) with no S×S buffer; a lock is held for
+//! `BR·D` additions against `~5·BR·BC·D` FMAs of work per tile of the group, so contention is
+//! negligible.
 //!
 //! With a bias, a (head, query block) reads its bias rows over the whole group (in place, each
 //! tile prefetched a few tiles ahead, see [`Prep::in_place`]; else into a panel, runs of KiBs,
@@ -97,22 +97,28 @@ struct CallCtx<'a, 'p> {
     dz_w: usize,
 }
 
+/// Key blocks per task without a bias, at most (see [`key_group`]).
+const PLAIN_GROUP: usize = 4;
+
 pub(super) fn run<T: HostElement, K: Isa>(shape: &AttnShape, opts: &AttnOptions, inp: BwdInputs<'_, T>, out: BwdOutputs<'_, T>, ex: &Extras<'_>, dbias: Option<BiasGrad<'_>>) {
     let group = key_group(shape, ex.bias.is_some());
     run_grouped::<T, K>(shape, opts, inp, out, ex, dbias, group);
 }
 
-/// Key blocks per task: 1 (FlashAttention-2's order) unless there is a bias. With one, a task
-/// owns up to [`PANEL_TILES`] consecutive key blocks, so each bias (and `dbias`) row segment it
-/// reads (writes) for a query block is a run of KiBs instead of 256 bytes one bias row apart;
-/// groups shrink until there are at least 4 tasks per thread, for the load balance.
+/// Key blocks per task. Without a bias up to [`PLAIN_GROUP`]: a query block's dQ share is summed
+/// over the group's tiles in the task's scratch and added to the shared accumulator once per
+/// group, not once per tile (that add reads and writes `BR·D` f32 of an array too large for L2:
+/// one-block groups took 3-9% longer, S = 2048 one thread, bench/RESULTS.md). With a bias up to
+/// [`PANEL_TILES`], so each bias (and `dbias`) row segment a task reads (writes) for a query block
+/// is a run of KiBs instead of 256 bytes one bias row apart. Groups shrink until there are at
+/// least 4 tasks per thread, for the load balance.
 fn key_group(shape: &AttnShape, has_bias: bool) -> usize {
     let nkb = shape.seq_k.div_ceil(BC);
-    if !has_bias || nkb == 0 {
+    if nkb == 0 {
         return 1;
     }
     let want = 4 * rayon::current_num_threads();
-    let mut group = PANEL_TILES.min(nkb);
+    let mut group = if has_bias { PANEL_TILES } else { PLAIN_GROUP }.min(nkb);
     while group > 1 && shape.batch * shape.kv_heads * nkb.div_ceil(group) < want {
         group = group.div_ceil(2);
     }

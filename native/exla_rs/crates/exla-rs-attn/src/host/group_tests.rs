@@ -20,6 +20,7 @@ struct Case {
     opts: AttnOptions,
     kv_len: Vec<i32>,
     q_start: Vec<i32>,
+    /// `[0; 4]`: no bias.
     bias_dims: [usize; 4],
     mask: Option<Vec<u8>>,
     /// Every 7th bias entry is -inf.
@@ -65,6 +66,11 @@ fn cases() -> Vec<Case> {
     // Dropout with an owned bias and the key mask.
     let key = [0x1234_5678, 42];
     v.push(Case { dropout: Dropout::from_attributes(0.3, Some(key)).unwrap(), mask: Some(mask), ..case(b, sq, sk, h, hkv, d, [b, h, sq, sk]) });
+    // No extras (the groups every plain backward runs with, `key_group`): causal with q_start, a
+    // window with kv_len < Sk, and dropout alone.
+    v.push(Case { opts: AttnOptions { window_right: 0, ..case(b, sq, sk, h, hkv, d, [0; 4]).opts }, ..case(b, sq, sk, h, hkv, d, [0; 4]) });
+    v.push(Case { opts: AttnOptions { window_left: 40, window_right: 10, ..case(b, sq, sk, h, hkv, d, [0; 4]).opts }, kv_len: vec![280, 300], ..case(b, sq, sk, h, hkv, d, [0; 4]) });
+    v.push(Case { dropout: Dropout::from_attributes(0.3, Some(key)).unwrap(), ..case(b, sq, sk, h, hkv, d, [0; 4]) });
     v
 }
 
@@ -118,7 +124,8 @@ fn run<T: Elem, K: Isa>(c: &Case, panel: usize, group: usize) -> Out {
         bias.iter_mut().step_by(7).for_each(|x| *x = f32::NEG_INFINITY);
     }
     let bias = cast(bias.into_iter().map(|x| 3.0 * x).collect());
-    let ex = Extras { key_mask: c.mask.as_deref(), bias: Some(Bias { data: T::data(&bias), dims: c.bias_dims }), alibi_slopes: None, dropout: c.dropout };
+    let has_bias = c.bias_dims != [0; 4];
+    let ex = Extras { key_mask: c.mask.as_deref(), bias: has_bias.then(|| Bias { data: T::data(&bias), dims: c.bias_dims }), alibi_slopes: None, dropout: c.dropout };
     // Outputs start as garbage so a missed write shows.
     let (mut o, mut lse) = (vec![T::from_f32(7.0); nq], vec![7.0f32; s.lse_len()]);
     run_panels::<T, K>(&s, &c.opts, FwdInputs { q: &q, k: &k, v: &v, kv_len: &c.kv_len, q_start: &c.q_start }, FwdOutputs { o: &mut o, lse: &mut lse }, &ex, panel);
@@ -130,7 +137,7 @@ fn run<T: Elem, K: Isa>(c: &Case, panel: usize, group: usize) -> Out {
         BwdInputs { q: &q, k: &k, v: &v, kv_len: &c.kv_len, q_start: &c.q_start, o: &o, lse: &lse, d_o: &d_o },
         BwdOutputs { dq: &mut dq, dk: &mut dk, dv: &mut dv },
         &ex,
-        Some(T::grad(&mut dbias)),
+        has_bias.then(|| T::grad(&mut dbias)),
         group,
     );
     let f = |x: &[T]| x.iter().map(|v| v.to_f32()).collect::<Vec<f32>>();
