@@ -263,7 +263,7 @@ pub(super) fn run<T: HostElement, K: Isa>(shape: &AttnShape, opts: &AttnOptions,
                             // Every key this row has seen so far is masked: srow is zeros.
                             continue;
                         }
-                        online_update(&mut o[row * dp..(row + 1) * dp], m_old, l_old, m_new, sum);
+                        online_update::<K>(&mut o[row * dp..(row + 1) * dp], m_old, l_old, m_new, sum);
                     }
                 }
                 // 0·inf = NaN: where a row sees only part of the block and a head's V holds an

@@ -387,7 +387,7 @@ fn step<K: Isa, const EXT: bool, const DROP: bool>(scr: &mut Scratch, opts: &Att
             // SAFETY: srow has n elements, a < b ≤ n.
             unsafe { K::fwd_row(srow.as_mut_ptr(), n, a, b, opts.softcap, scr.m[r]) }
         };
-        online_update(&mut scr.o[r * dp..(r + 1) * dp], &mut scr.m[r], &mut scr.l[r], m_new, sum);
+        online_update::<K>(&mut scr.o[r * dp..(r + 1) * dp], &mut scr.m[r], &mut scr.l[r], m_new, sum);
         if DROP {
             // Only the row's visible keys a..b (widened to whole quads) carry weight; the rest of
             // srow is 0 and stays 0.

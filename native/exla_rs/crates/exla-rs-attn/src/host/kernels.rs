@@ -204,6 +204,8 @@ pub(crate) trait Isa: Send + Sync + 'static {
     unsafe fn dec_pv(p: HeadRows, rows: usize, heads: usize, v: &Cache, a: usize, e: usize, o: HeadRows, pf: Prefetch);
     /// `dst[0..n]` = the f16 (`f16 = true`) or bf16 values at `src` as f32.
     unsafe fn widen16(src: *const u16, f16: bool, dst: *mut f32, n: usize);
+    /// `x[0..n] *= alpha` (the online softmax's rescale of an O row).
+    unsafe fn scale_row(x: *mut f32, n: usize, alpha: f32);
     /// One row of a forward tile. `s[0..n]` holds `log2(e)·x`, `x = scale·q·k`; columns `[a, b)`
     /// (non-empty) are visible. Replaces `s` with `p = 2^(s2 - m_new)` (0 outside `[a, b)`), where
     /// `s2 = log2(e)·softcap(x)` and `m_new = max(m_old, max visible s2)`. Returns `(m_new, Σp)`.
@@ -749,6 +751,19 @@ macro_rules! isa_kernels {
             }
 
             $(#[$feat])?
+            unsafe fn scale_row(x: *mut f32, n: usize, alpha: f32) {
+                let a = s::splat(alpha);
+                let mut j = 0;
+                while j + L <= n {
+                    s::store(x.add(j), s::mul(s::load(x.add(j)), a));
+                    j += L;
+                }
+                for j in j..n {
+                    *x.add(j) *= alpha;
+                }
+            }
+
+            $(#[$feat])?
             #[allow(clippy::too_many_arguments)]
             unsafe fn bwd_row_drop(sp: *mut f32, dp: *const f32, pp: *mut f32, dsp: *mut f32, n: usize, a: usize, b: usize, softcap: f32, lse2: f32, di: f32, ext: RowExtra, km: *const f32) {
                 by_terms!(ext, bwd_row_impl::<true, true>(sp, dp, pp, dsp, n, a, b, softcap, lse2, di, &ext, km))
@@ -777,6 +792,9 @@ macro_rules! isa_kernels {
                 }
                 unsafe fn widen16(src: *const u16, f16: bool, dst: *mut f32, n: usize) {
                     widen16(src, f16, dst, n)
+                }
+                unsafe fn scale_row(x: *mut f32, n: usize, alpha: f32) {
+                    scale_row(x, n, alpha)
                 }
                 unsafe fn fwd_row(s: *mut f32, n: usize, a: usize, b: usize, softcap: f32, m_old: f32) -> (f32, f32) {
                     fwd_row(s, n, a, b, softcap, m_old)

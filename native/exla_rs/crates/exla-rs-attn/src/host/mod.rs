@@ -67,6 +67,7 @@ pub use element::HostElement;
 pub use gemm_rate::gemm_rates;
 pub use lowp::peak::{overlap, unit_rates, Overlap, UnitRate};
 
+use kernels::Isa;
 use crate::{AttnError, AttnOptions, AttnShape, BiasGrad, ElementType, Extras, Pass};
 
 /// Forward operands: `q [B, Sq, H, D]`, `k`/`v` `[B, Sk, Hkv, D]`, `kv_len`/`q_start` `s32[B]`.
@@ -330,12 +331,12 @@ impl<T> SyncPtr<T> {
 
 /// The online-softmax update of one row after a key tile: its running output `o` and sum `l`
 /// scaled by `2^(m - m_new)`, the tile's `sum` added, `m` set to `m_new` (exp2 units).
-pub(crate) fn online_update(o: &mut [f32], m: &mut f32, l: &mut f32, m_new: f32, sum: f32) {
+pub(crate) fn online_update<K: Isa>(o: &mut [f32], m: &mut f32, l: &mut f32, m_new: f32, sum: f32) {
     let alpha = (*m - m_new).exp2();
     if alpha != 1.0 {
-        for x in o.iter_mut() {
-            *x *= alpha;
-        }
+        // SAFETY: o's n elements; K's features were detected by the dispatcher (every caller
+        // runs under it).
+        unsafe { K::scale_row(o.as_mut_ptr(), o.len(), alpha) };
     }
     *l = *l * alpha + sum;
     *m = m_new;

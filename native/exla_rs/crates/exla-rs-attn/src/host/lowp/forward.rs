@@ -217,7 +217,7 @@ fn step<U: TileUnit, K: Isa>(scr: &mut Scratch, opts: &AttnOptions, rows: usize,
         // SAFETY: the row of s and of pa hold n elements, n a multiple of 16, a < b ≤ n; K's
         // features were detected by the dispatcher.
         let (m_new, sum) = unsafe { fwd_row16::<K>(elem, scr.s[r * S_LD..].as_mut_ptr(), n, a, b, qscale, opts.softcap, scr.m[r], prow.as_mut_ptr()) };
-        online_update(&mut scr.o[r * o_ld(dp)..r * o_ld(dp) + dp], &mut scr.m[r], &mut scr.l[r], m_new, sum);
+        online_update::<K>(&mut scr.o[r * o_ld(dp)..r * o_ld(dp) + dp], &mut scr.m[r], &mut scr.l[r], m_new, sum);
         any = true;
     }
     if !any {
