@@ -273,26 +273,23 @@ mod avx512 {
         }};
     }
 
+    /// 32 lanes, `p0` then `p1`, as f16 (`F16`) or bf16 at `out`, 16 per [`store16`].
+    #[inline]
     #[target_feature(enable = "avx512f")]
-    #[allow(clippy::too_many_arguments)]
-    unsafe fn bwd_f16(sp: *const f32, dp: *const f32, n: usize, a: usize, b: usize, qs: f32, lse2: f32, di: f32, pa: *mut u16, dxa: *mut u16) {
-        bwd_body!(s::exp2, sp, dp, n, a, b, qs, lse2, di, pa, dxa, |o: *mut u16, p0, p1| {
-            store16(true, o, p0);
-            store16(true, o.add(16), p1)
-        })
+    unsafe fn store2<const F16: bool>(out: *mut u16, p0: __m512, p1: __m512) {
+        store16(F16, out, p0);
+        store16(F16, out.add(16), p1)
     }
 
+    /// The backward's row in f16 (`F16`) or in bf16 without AVX512-BF16.
     #[target_feature(enable = "avx512f")]
     #[allow(clippy::too_many_arguments)]
-    unsafe fn bwd_bf16(sp: *const f32, dp: *const f32, n: usize, a: usize, b: usize, qs: f32, lse2: f32, di: f32, pa: *mut u16, dxa: *mut u16) {
-        bwd_body!(s::exp2, sp, dp, n, a, b, qs, lse2, di, pa, dxa, |o: *mut u16, p0, p1| {
-            store16(false, o, p0);
-            store16(false, o.add(16), p1)
-        })
+    unsafe fn bwd_plain<const F16: bool>(sp: *const f32, dp: *const f32, n: usize, a: usize, b: usize, qs: f32, lse2: f32, di: f32, pa: *mut u16, dxa: *mut u16) {
+        bwd_body!(s::exp2, sp, dp, n, a, b, qs, lse2, di, pa, dxa, |o: *mut u16, p0, p1| store2::<F16>(o, p0, p1))
     }
 
     /// `VCVTNE2PS2BF16` reads denormals as 0: the same as the units do with a denormal bf16
-    /// operand (`TDPBF16PS`, `VDPBF16PS`), so the products come out as from [`bwd_bf16`].
+    /// operand (`TDPBF16PS`, `VDPBF16PS`), so the products come out as from [`bwd_plain`].
     #[target_feature(enable = "avx512f,avx512bf16,avx512dq")]
     #[allow(clippy::too_many_arguments)]
     unsafe fn bwd_bf16_native(sp: *const f32, dp: *const f32, n: usize, a: usize, b: usize, qs: f32, lse2: f32, di: f32, pa: *mut u16, dxa: *mut u16) {
@@ -304,28 +301,18 @@ mod avx512 {
     pub(super) unsafe fn bwd_row16(f16: bool, sp: *const f32, dp: *const f32, n: usize, a: usize, b: usize, qs: f32, lse2: f32, di: f32, pa: *mut u16, dxa: *mut u16) {
         debug_assert!(n.is_multiple_of(32));
         if f16 {
-            bwd_f16(sp, dp, n, a, b, qs, lse2, di, pa, dxa)
+            bwd_plain::<true>(sp, dp, n, a, b, qs, lse2, di, pa, dxa)
         } else if std::is_x86_feature_detected!("avx512bf16") && std::is_x86_feature_detected!("avx512dq") {
             bwd_bf16_native(sp, dp, n, a, b, qs, lse2, di, pa, dxa)
         } else {
-            bwd_bf16(sp, dp, n, a, b, qs, lse2, di, pa, dxa)
+            bwd_plain::<false>(sp, dp, n, a, b, qs, lse2, di, pa, dxa)
         }
     }
 
+    /// The forward's row in f16 (`F16`) or in bf16 without AVX512-BF16.
     #[target_feature(enable = "avx512f")]
-    unsafe fn row_f16(sp: *mut f32, n: usize, a: usize, b: usize, qscale: f32, m_old: f32, out: *mut u16) -> (f32, f32) {
-        row_body!(s::exp2, sp, n, a, b, qscale, m_old, out, |o: *mut u16, p| store16(true, o, p), |o: *mut u16, p0, p1| {
-            store16(true, o, p0);
-            store16(true, o.add(16), p1)
-        })
-    }
-
-    #[target_feature(enable = "avx512f")]
-    unsafe fn row_bf16(sp: *mut f32, n: usize, a: usize, b: usize, qscale: f32, m_old: f32, out: *mut u16) -> (f32, f32) {
-        row_body!(s::exp2, sp, n, a, b, qscale, m_old, out, |o: *mut u16, p| store16(false, o, p), |o: *mut u16, p0, p1| {
-            store16(false, o, p0);
-            store16(false, o.add(16), p1)
-        })
+    unsafe fn row_plain<const F16: bool>(sp: *mut f32, n: usize, a: usize, b: usize, qscale: f32, m_old: f32, out: *mut u16) -> (f32, f32) {
+        row_body!(s::exp2, sp, n, a, b, qscale, m_old, out, |o: *mut u16, p| store16(F16, o, p), |o: *mut u16, p0, p1| store2::<F16>(o, p0, p1))
     }
 
     #[target_feature(enable = "avx512f,avx512bf16,avx512dq")]
@@ -338,11 +325,11 @@ mod avx512 {
     pub(super) unsafe fn fwd_row16(f16: bool, sp: *mut f32, n: usize, a: usize, b: usize, qscale: f32, m_old: f32, out: *mut u16) -> (f32, f32) {
         debug_assert!(n.is_multiple_of(32));
         if f16 {
-            row_f16(sp, n, a, b, qscale, m_old, out)
+            row_plain::<true>(sp, n, a, b, qscale, m_old, out)
         } else if std::is_x86_feature_detected!("avx512bf16") && std::is_x86_feature_detected!("avx512dq") {
             row_bf16_native(sp, n, a, b, qscale, m_old, out)
         } else {
-            row_bf16(sp, n, a, b, qscale, m_old, out)
+            row_plain::<false>(sp, n, a, b, qscale, m_old, out)
         }
     }
 }
