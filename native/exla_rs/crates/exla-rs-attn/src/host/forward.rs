@@ -15,7 +15,7 @@ use super::extra::{BiasPanel, PanelSpan, Prep, PANEL_TILES};
 use super::kernels::{Gemm, Isa, Prefetch, RowExtra, LOG2_E, PAD};
 use super::lines::Lines;
 use super::pool;
-use super::prefetch::prefetch_line_l2;
+use super::prefetch::prefetch_span;
 use super::tiles::{BC, BR};
 use super::{finish_row, online_update, round_up, FwdInputs, FwdOutputs, HostElement, SyncPtr};
 use crate::philox::Dropout;
@@ -38,7 +38,6 @@ pub(crate) fn finished_without_keys<T: HostElement>(shape: &AttnShape, out: &mut
 
 /// Where task `task` of a forward sits: one (batch, head, block of `br` query rows), tasks
 /// numbered block-fastest, then head, then batch.
-#[derive(Clone, Copy)]
 pub(crate) struct QueryBlock {
     pub b: usize,
     pub hq: usize,
@@ -88,39 +87,59 @@ pub(crate) struct BlockRows {
     base: *const u8,
     stride: usize,
     rows: usize,
-    lines: usize,
+    /// Bytes per row.
+    bytes: usize,
 }
 
 impl BlockRows {
     /// The block `qb` of the array at `x` (addresses only: nothing is read through it here).
-    pub(crate) fn of<T>(x: *const T, shape: &AttnShape, qb: &QueryBlock) -> Self {
+    fn of<T>(x: *const T, shape: &AttnShape, qb: &QueryBlock) -> Self {
         let size = std::mem::size_of::<T>();
         let first = ((qb.b * shape.seq_q + qb.i0) * shape.heads + qb.hq) * shape.head_dim;
-        // One line more than a row's bytes: a row need not start on a line.
-        Self { base: x.wrapping_add(first) as *const u8, stride: shape.heads * shape.head_dim * size, rows: qb.rows, lines: (shape.head_dim * size).div_ceil(64) + 1 }
+        Self { base: x.wrapping_add(first) as *const u8, stride: shape.heads * shape.head_dim * size, rows: qb.rows, bytes: shape.head_dim * size }
     }
 
     /// Parts `ks` of `parts` (rows split evenly), as a plan a [`Gemm`] spreads over its calls.
-    pub(crate) fn parts(&self, ks: std::ops::Range<usize>, parts: usize) -> Prefetch {
+    fn parts(&self, ks: std::ops::Range<usize>, parts: usize) -> Prefetch {
         let (r0, r1) = (ks.start * self.rows / parts, ks.end * self.rows / parts);
-        Prefetch { base: self.base.wrapping_add(r0 * self.stride), stride: self.stride, rows: r1 - r0, lines: self.lines, l2: true }
+        // One line more than a row's bytes: a row need not start on a line.
+        Prefetch { base: self.base.wrapping_add(r0 * self.stride), stride: self.stride, rows: r1 - r0, lines: self.bytes.div_ceil(64) + 1, l2: true }
     }
 
     /// Asks L2 for row `r`'s lines now (nothing past the block's rows). A hint: never faults.
-    pub(crate) fn prefetch_row(&self, r: usize) {
+    fn prefetch_row(&self, r: usize) {
         if r < self.rows {
-            let row = self.base.wrapping_add(r * self.stride);
-            for line in 0..self.lines {
-                prefetch_line_l2(row.wrapping_add(line * 64));
-            }
+            prefetch_span(self.base, r * self.stride, self.bytes);
+        }
+    }
+}
+
+/// The rows a task asks L2 for as it ends (see [`TAIL_TILES`]): the next task's Q rows (rayon
+/// walks a thread's run of tasks in order) and its own output rows.
+pub(crate) struct TaskRows {
+    next_q: Option<BlockRows>,
+    out: BlockRows,
+}
+
+impl TaskRows {
+    /// For task `task` of `tasks` (blocks of `br` query rows), `q` and `o` the call's arrays.
+    pub(crate) fn of<T>(q: *const T, o: *const T, shape: &AttnShape, task: usize, br: usize, tasks: usize) -> Self {
+        let next_q = (task + 1 < tasks).then(|| BlockRows::of(q, shape, &QueryBlock::of(task + 1, br, shape)));
+        Self { next_q, out: BlockRows::of(o, shape, &QueryBlock::of(task, br, shape)) }
+    }
+
+    /// Asks L2 for row `r` of both now.
+    pub(crate) fn prefetch_row(&self, r: usize) {
+        self.out.prefetch_row(r);
+        if let Some(q) = &self.next_q {
+            q.prefetch_row(r);
         }
     }
 }
 
 /// What a task asks for over its last [`TAIL_TILES`] key tiles (see there).
 struct TailPlan {
-    next_q: Option<BlockRows>,
-    out: BlockRows,
+    rows: TaskRows,
     /// The first tile of the tail, and how many tiles it has.
     from: usize,
     parts: usize,
@@ -134,7 +153,7 @@ impl TailPlan {
             return (Prefetch::NONE, Prefetch::NONE);
         }
         let ks = tiles.start.max(self.from) - self.from..tiles.end - self.from;
-        (self.next_q.map_or(Prefetch::NONE, |q| q.parts(ks.clone(), self.parts)), self.out.parts(ks, self.parts))
+        (self.rows.next_q.map_or(Prefetch::NONE, |q| q.parts(ks.clone(), self.parts)), self.rows.out.parts(ks, self.parts))
     }
 }
 
@@ -277,8 +296,7 @@ fn run_impl<T: HostElement, K: Isa, const EXT: bool, const DROP: bool>(shape: &A
                 let tiles = block.start / BC..block.end.div_ceil(BC);
                 let next_block = if EXT && prep.in_place() { first_span(task + 1) } else { None };
                 let tail = TailPlan {
-                    next_q: (task + 1 < batch * h * nqb).then(|| BlockRows::of(inp.q.as_ptr(), shape, &QueryBlock::of(task + 1, BR, shape))),
-                    out: BlockRows::of(o_ptr.get(), shape, &qblock),
+                    rows: TaskRows::of(inp.q.as_ptr(), o_ptr.get(), shape, task, BR, batch * h * nqb),
                     from: tiles.end.saturating_sub(TAIL_TILES).max(tiles.start),
                     parts: tiles.len().min(TAIL_TILES),
                 };

@@ -30,17 +30,20 @@ pub(crate) fn prefetch_line_l2(p: *const u8) {
 }
 
 /// Prefetches bytes `[start, start + len)` of the allocation at `base` into L2, one request per
-/// cache line. A hint only: never faults, and a no-op off x86-64.
+/// cache line the span touches (lines of the address space: `base` need not start on one). A
+/// hint only: never faults, and a no-op off x86-64.
 #[inline]
 pub(crate) fn prefetch_span(base: *const u8, start: usize, len: usize) {
     #[cfg(target_arch = "x86_64")]
     {
         use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T1};
-        let mut off = start & !63;
-        while off < start + len {
-            // SAFETY: prefetch never dereferences; `wrapping_add` keeps the pointer arithmetic
-            // defined even at the span's end.
-            unsafe { _mm_prefetch::<_MM_HINT_T1>(base.wrapping_add(off) as *const i8) };
+        let from = base.wrapping_add(start);
+        let skew = from as usize & 63;
+        let mut off = 0;
+        while off < skew + len {
+            // SAFETY: prefetch never dereferences; `wrapping_*` keeps the pointer arithmetic
+            // defined even past the span's ends.
+            unsafe { _mm_prefetch::<_MM_HINT_T1>(from.wrapping_sub(skew).wrapping_add(off) as *const i8) };
             off += 64;
         }
     }

@@ -26,7 +26,7 @@
 
 use rayon::prelude::*;
 
-use super::super::forward::{finished_without_keys, BlockRows, QueryBlock};
+use super::super::forward::{finished_without_keys, QueryBlock, TaskRows};
 use super::super::kernels::{Isa, LOG2_E};
 use super::super::lines::Lines;
 use super::super::{finish_row, online_update, pool, row_lse, FwdInputs, FwdOutputs, HostElement, SyncPtr};
@@ -66,12 +66,6 @@ struct Scratch {
     m: Vec<f32>,
     l: Vec<f32>,
     ranges: Vec<KeyRange>,
-}
-
-/// The rows a task's last step asks for (see the task loop).
-struct Tail {
-    next_q: Option<BlockRows>,
-    out: BlockRows,
 }
 
 /// The packed K and V of one (batch, kv head), the padded key count and the per-tile "V holds
@@ -147,8 +141,7 @@ pub(crate) fn run<T: HostElement, U: TileUnit, K: Isa>(shape: &AttnShape, opts: 
                 // touch: this task's output rows and the next task's Q (rayon walks a thread's run
                 // of tasks in order). Each row of a [B, S, H, D] array sits a page from the next for
                 // common shapes, where the hardware prefetchers stop.
-                let next_q = (task + 1 < batch * h * nqb).then(|| BlockRows::of(inp.q.as_ptr(), shape, &QueryBlock::of(task + 1, BR, shape)));
-                let tail = Tail { next_q, out: BlockRows::of(o_ptr.get(), shape, &qblock) };
+                let tail = TaskRows::of(inp.q.as_ptr(), o_ptr.get(), shape, task, BR, batch * h * nqb);
                 let mut t = t0;
                 while t < t1 {
                     let tiles = (t1 - t).min(STEP / BC);
@@ -183,7 +176,7 @@ pub(crate) fn run<T: HostElement, U: TileUnit, K: Isa>(shape: &AttnShape, opts: 
 /// One step of `n` keys from key `j0` (whole tiles) for one block of query rows: `S = Q·Kᵀ` on
 /// the unit, the online-softmax update of every row in f32, `P` rounded, `O += P·V` on the unit.
 #[allow(clippy::too_many_arguments)]
-fn step<U: TileUnit, K: Isa>(scr: &mut Scratch, opts: &AttnOptions, rows: usize, dp: usize, d: usize, j0: usize, n: usize, kv: &KvHead<'_>, tail: Option<&Tail>) {
+fn step<U: TileUnit, K: Isa>(scr: &mut Scratch, opts: &AttnOptions, rows: usize, dp: usize, d: usize, j0: usize, n: usize, kv: &KvHead<'_>, tail: Option<&TaskRows>) {
     let elem = U::ELEM;
     let groups = rows.div_ceil(TILE_M);
     // K's panels of these keys: 16 keys × dp each, consecutive.
@@ -200,10 +193,7 @@ fn step<U: TileUnit, K: Isa>(scr: &mut Scratch, opts: &AttnOptions, rows: usize,
     let mut any = false;
     for r in 0..rows {
         if let Some(tail) = tail {
-            tail.out.prefetch_row(r);
-            if let Some(q) = &tail.next_q {
-                q.prefetch_row(r);
-            }
+            tail.prefetch_row(r);
         }
         let rg = scr.ranges[r];
         let a = rg.start.saturating_sub(j0).min(n);
