@@ -332,6 +332,12 @@ impl<T> SyncPtr<T> {
 /// The online-softmax update of one row after a key tile: its running output `o` and sum `l`
 /// scaled by `2^(m - m_new)`, the tile's `sum` added, `m` set to `m_new` (exp2 units).
 pub(crate) fn online_update<K: Isa>(o: &mut [f32], m: &mut f32, l: &mut f32, m_new: f32, sum: f32) {
+    if m_new == *m && m_new.is_finite() {
+        // alpha = 2^0 = 1 exactly: the same l, without the scalar exp2 call (a lowp one-pass
+        // row keeps its m in most steps).
+        *l += sum;
+        return;
+    }
     let alpha = (*m - m_new).exp2();
     if alpha != 1.0 {
         // SAFETY: o's n elements; K's features were detected by the dispatcher (every caller

@@ -859,6 +859,42 @@ fn exp2_dq_is_exp2_bit_for_bit() {
     }
 }
 
+/// `exp2_floor` (the lowp forward's one-pass rows): within 3 ulp of `2^x` over every `x` a row
+/// can give it (its reference max may lie below a score: `x` up to 12), 0 below -126 and for
+/// `-inf`, every nonzero result normal, inf for inf, NaN for NaN.
+#[test]
+fn exp2_floor_is_accurate() {
+    #[cfg(target_arch = "x86_64")]
+    if is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512dq") {
+        use super::simd::avx512 as s;
+        let edges = [f32::NEG_INFINITY, f32::INFINITY, f32::NAN, 0.0, -0.0, 1.0, -1.0, 0.5, -0.5, -126.0, -125.999, -126.001, -127.0, -200.0, 12.0, 11.999];
+        let xs: Vec<f32> = (0..40_000).map(|i| -130.0 + i as f32 * 0.003_57).chain(edges).collect();
+        let mut worst = 0f64;
+        for chunk in xs.chunks(16) {
+            let mut a = [0f32; 16];
+            a[..chunk.len()].copy_from_slice(chunk);
+            let mut got = [0f32; 16];
+            // SAFETY: AVX-512 F and DQ are present (checked); 16-lane arrays.
+            unsafe { s::store(got.as_mut_ptr(), s::exp2_floor(s::load(a.as_ptr()))) };
+            for (&x, g) in a.iter().zip(got) {
+                if x.is_nan() {
+                    assert!(g.is_nan(), "exp2_floor(NaN) = {g}");
+                } else if x == f32::INFINITY {
+                    assert_eq!(g, f32::INFINITY, "exp2_floor(inf)");
+                } else if x < -126.0 {
+                    assert_eq!(g.to_bits(), 0, "exp2_floor({x}) = {g}, not +0");
+                } else {
+                    let want = (x as f64).exp2();
+                    assert!(g.is_normal(), "exp2_floor({x}) = {g}");
+                    worst = worst.max(((g as f64 - want) / want).abs() / f32::EPSILON as f64);
+                }
+            }
+        }
+        println!("exp2_floor max error {worst:.2} ulp");
+        assert!(worst < 3.0, "exp2_floor error {worst} ulp");
+    }
+}
+
 /// The softcap's tanh at scores far past the cap: exactly ±cap on every ISA (its `exp2` overflowing
 /// to inf would make inf/inf = NaN, as AVX-512's exact-range `exp2` did before the clamp).
 #[test]

@@ -69,12 +69,13 @@ fn os_grants_tiles() -> bool {
 }
 
 /// One reduction step of a one-block product: A (row stride `$sa` bytes) into tmm1, B (64-byte
-/// pair-rows) into tmm2, `$op tmm0, tmm1, tmm2`.
+/// pair-rows) into tmm2 by `$ldb` (`tileloadd`, or `tileloaddt1` for a streamed B), `$op tmm0,
+/// tmm1, tmm2`.
 macro_rules! tdp_1x1 {
-    ($op:literal, $a:expr, $sa:expr, $b:expr) => {
+    ($op:literal, $ldb:literal, $a:expr, $sa:expr, $b:expr) => {
         asm!(
             "tileloadd tmm1, [{a} + {sa}*1]",
-            "tileloadd tmm2, [{b} + {sb}*1]",
+            concat!($ldb, " tmm2, [{b} + {sb}*1]"),
             concat!($op, " tmm0, tmm1, tmm2"),
             a = in(reg) $a, sa = in(reg) $sa, b = in(reg) $b, sb = in(reg) TILE_K * 2,
             options(nostack, readonly, preserves_flags)
@@ -83,15 +84,15 @@ macro_rules! tdp_1x1 {
 }
 
 /// One reduction step of a 2 × 2 product: A's row groups into tmm4/tmm5, B's panels into
-/// tmm6/tmm7, four products into tmm0..tmm3. Each load is issued just before its first use so
-/// the first product starts after two loads, not four.
+/// tmm6/tmm7 (by `$ldb`, as in [`tdp_1x1`]), four products into tmm0..tmm3. Each load is issued
+/// just before its first use so the first product starts after two loads, not four.
 macro_rules! tdp_2x2 {
-    ($op:literal, $a0:expr, $a1:expr, $sa:expr, $b0:expr, $b1:expr) => {
+    ($op:literal, $ldb:literal, $a0:expr, $a1:expr, $sa:expr, $b0:expr, $b1:expr) => {
         asm!(
             "tileloadd tmm4, [{a0} + {sa}*1]",
-            "tileloadd tmm6, [{b0} + {sb}*1]",
+            concat!($ldb, " tmm6, [{b0} + {sb}*1]"),
             concat!($op, " tmm0, tmm4, tmm6"),
-            "tileloadd tmm7, [{b1} + {sb}*1]",
+            concat!($ldb, " tmm7, [{b1} + {sb}*1]"),
             concat!($op, " tmm1, tmm4, tmm7"),
             "tileloadd tmm5, [{a1} + {sa}*1]",
             concat!($op, " tmm2, tmm5, tmm6"),
@@ -141,6 +142,7 @@ pub(crate) struct Amx<const F16: bool>;
 
 impl<const F16: bool> TileUnit for Amx<F16> {
     const ELEM: Half16 = if F16 { Half16::F16 } else { Half16::Bf16 };
+    const STREAMS_B: bool = true;
 
     unsafe fn begin() {
         let cfg = LOWP_TILES.bytes();
@@ -165,10 +167,11 @@ impl<const F16: bool> TileUnit for Amx<F16> {
         for kb in 0..g.kblocks {
             let a = g.a.add(kb * TILE_K);
             let b = g.b.add(kb * TILE_M * TILE_K);
-            if F16 {
-                tdp_1x1!("tdpfp16ps", a, g.lda * 2, b);
-            } else {
-                tdp_1x1!("tdpbf16ps", a, g.lda * 2, b);
+            match (F16, g.stream_b) {
+                (true, false) => tdp_1x1!("tdpfp16ps", "tileloadd", a, g.lda * 2, b),
+                (true, true) => tdp_1x1!("tdpfp16ps", "tileloaddt1", a, g.lda * 2, b),
+                (false, false) => tdp_1x1!("tdpbf16ps", "tileloadd", a, g.lda * 2, b),
+                (false, true) => tdp_1x1!("tdpbf16ps", "tileloaddt1", a, g.lda * 2, b),
             }
         }
         asm!("tilestored [{c} + {s}*1], tmm0", c = in(reg) g.c, s = in(reg) g.ldc * 4, options(nostack, preserves_flags));
@@ -204,10 +207,11 @@ impl<const F16: bool> TileUnit for Amx<F16> {
                     _mm_prefetch::<_MM_HINT_T0>(nb.add(panel * 2 + line * 64));
                 }
             }
-            if F16 {
-                tdp_2x2!("tdpfp16ps", a, a.add(a1), g.lda * 2, b, b.add(panel));
-            } else {
-                tdp_2x2!("tdpbf16ps", a, a.add(a1), g.lda * 2, b, b.add(panel));
+            match (F16, g.stream_b) {
+                (true, false) => tdp_2x2!("tdpfp16ps", "tileloadd", a, a.add(a1), g.lda * 2, b, b.add(panel)),
+                (true, true) => tdp_2x2!("tdpfp16ps", "tileloaddt1", a, a.add(a1), g.lda * 2, b, b.add(panel)),
+                (false, false) => tdp_2x2!("tdpbf16ps", "tileloadd", a, a.add(a1), g.lda * 2, b, b.add(panel)),
+                (false, true) => tdp_2x2!("tdpbf16ps", "tileloaddt1", a, a.add(a1), g.lda * 2, b, b.add(panel)),
             }
         }
         asm!(

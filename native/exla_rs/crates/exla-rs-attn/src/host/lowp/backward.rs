@@ -33,7 +33,7 @@ use super::pack::{self, padded_dim};
 use super::tile::{TILE_K, TILE_M, TILE_N};
 use super::model::Half16;
 use super::rows::{bwd_row16, store_scaled};
-use super::unit::{blocks, TileUnit, UnitScope};
+use super::unit::{blocks, TileUnit, UnitScope, Walk};
 use crate::{AttnOptions, AttnShape, KeyRange};
 
 /// Query rows per block (the reduction of `dKᵀ`, `dVᵀ`: a multiple of [`TILE_K`]).
@@ -229,7 +229,7 @@ pub(crate) fn run<T: HostElement, U: TileUnit, K: Isa>(shape: &AttnShape, opts: 
                         let mut acc = dq_acc[bhq * nqb + qb].lock().unwrap_or_else(|e| e.into_inner());
                         // SAFETY: dxa is BR × BK (mg groups, BK/32 steps), kv dp/16 panels of
                         // BK·16, acc BR × dp.
-                        unsafe { blocks::<U>(scr.dxa.as_ptr(), BK, scr.kv.as_ptr(), BK * TILE_N, acc.as_mut_ptr(), dp, rows.div_ceil(TILE_M), dp / TILE_N, BK / TILE_K, true) };
+                        unsafe { blocks::<U>(scr.dxa.as_ptr(), BK, scr.kv.as_ptr(), BK * TILE_N, acc.as_mut_ptr(), dp, rows.div_ceil(TILE_M), dp / TILE_N, BK / TILE_K, true, Walk::Panels { ask_ahead: true }) };
                     }
                 }
             }
@@ -281,8 +281,8 @@ fn tile<U: TileUnit, K: Isa>(scr: &mut Scratch, opts: &AttnOptions, qp: &QueryPa
     let (qa, doa, qt, dot) = (&qp.qa[blk.clone()], &qp.doa[blk.clone()], &qp.qt[blk.clone()], &qp.dot[blk]);
     // SAFETY: qa/doa hold BR ≥ 16·mg rows of dp; kt/vt BK/16 panels of dp·16; s/dp BR × BK.
     unsafe {
-        blocks::<U>(qa.as_ptr(), dp, scr.kt.as_ptr(), dp * TILE_N, scr.s.as_mut_ptr(), BK, mg, BK / TILE_N, dp / TILE_K, false);
-        blocks::<U>(doa.as_ptr(), dp, scr.vt.as_ptr(), dp * TILE_N, scr.dp.as_mut_ptr(), BK, mg, BK / TILE_N, dp / TILE_K, false);
+        blocks::<U>(qa.as_ptr(), dp, scr.kt.as_ptr(), dp * TILE_N, scr.s.as_mut_ptr(), BK, mg, BK / TILE_N, dp / TILE_K, false, Walk::Panels { ask_ahead: true });
+        blocks::<U>(doa.as_ptr(), dp, scr.vt.as_ptr(), dp * TILE_N, scr.dp.as_mut_ptr(), BK, mg, BK / TILE_N, dp / TILE_K, false, Walk::Panels { ask_ahead: true });
     }
     let mut any = false;
     for r in 0..BR {
@@ -314,8 +314,8 @@ fn tile<U: TileUnit, K: Isa>(scr: &mut Scratch, opts: &AttnOptions, qp: &QueryPa
     // SAFETY: dot/qt are dp × BR (dp/16 row groups, BR/32 steps), pv/dxv BK/16 panels of BR·16,
     // dvt/dkt dp × BK.
     unsafe {
-        blocks::<U>(dot.as_ptr(), BR, scr.pv.as_ptr(), BR * TILE_N, scr.dvt.as_mut_ptr(), BK, dp / TILE_M, BK / TILE_N, BR / TILE_K, true);
-        blocks::<U>(qt.as_ptr(), BR, scr.dxv.as_ptr(), BR * TILE_N, scr.dkt.as_mut_ptr(), BK, dp / TILE_M, BK / TILE_N, BR / TILE_K, true);
+        blocks::<U>(dot.as_ptr(), BR, scr.pv.as_ptr(), BR * TILE_N, scr.dvt.as_mut_ptr(), BK, dp / TILE_M, BK / TILE_N, BR / TILE_K, true, Walk::Panels { ask_ahead: true });
+        blocks::<U>(qt.as_ptr(), BR, scr.dxv.as_ptr(), BR * TILE_N, scr.dkt.as_mut_ptr(), BK, dp / TILE_M, BK / TILE_N, BR / TILE_K, true, Walk::Panels { ask_ahead: true });
     }
     true
 }

@@ -7,8 +7,10 @@
 //! - One rayon task per (batch, head, block of [`BR`] query rows): Q's rows as the A operand
 //!   (raw, unscaled: scaling before rounding to 16 bits would round twice), then per step of up
 //!   to [`STEP`] visible keys: `S = Q·Kᵀ` on the unit, the row pass ([`super::rows`]: scale,
-//!   mask, max, `exp2`, sum, `P` rounded to the input type as the CUDA tensor-core kernels do),
-//!   the online-softmax rescale of O and `O += P·V` on the unit, f32 accumulation throughout.
+//!   mask, max, `exp2`, sum, `P` rounded to the input type as the CUDA tensor-core kernels do;
+//!   mostly one pass against the row's running max, which then needs no rescale of O), the
+//!   online-softmax rescale of O where the max moved, and `O += P·V` on the unit, f32
+//!   accumulation throughout.
 //!   A step of 512 keys gives each O tile 16 products per load and store of it (one per 64-key
 //!   tile halved the unit's rate: `host_bench peak`), and the per-row costs (the row call, its
 //!   max and sum reductions, the rescale of O) an eighth as often as 64-key steps would. Those
@@ -33,7 +35,7 @@ use super::super::{finish_row, online_update, pool, row_lse, FwdInputs, FwdOutpu
 use super::pack::{self, padded_dim, BC};
 use super::rows::{fwd_row16, store_scaled};
 use super::tile::{TILE_K, TILE_M, TILE_N};
-use super::unit::{blocks, TileUnit, UnitScope};
+use super::unit::{blocks, TileUnit, UnitScope, Walk};
 use crate::{AttnOptions, AttnShape, KeyRange};
 
 /// Query rows per task (a multiple of [`TILE_M`]).
@@ -183,7 +185,9 @@ fn step<U: TileUnit, K: Isa>(scr: &mut Scratch, opts: &AttnOptions, rows: usize,
     let kt = &kv.kt[j0 * dp..(j0 + n) * dp];
     // SAFETY: qa holds `groups` 16-row groups of dp elements (dp/32 steps), kt n/16 panels of
     // dp/2 pair-rows, s the groups' rows of S_LD ≥ n f32: all inside the buffers.
-    unsafe { blocks::<U>(scr.qa.as_ptr(), dp, kt.as_ptr(), dp * TILE_N, scr.s.as_mut_ptr(), S_LD, groups, n / TILE_N, dp / TILE_K, false) };
+    // Q's rows (A, BR × dp) stay in L1; each pair of K's panels is read once. Not asking for the
+    // next pair ahead: here that took the products 9% longer (bench/RESULTS.md).
+    unsafe { blocks::<U>(scr.qa.as_ptr(), dp, kt.as_ptr(), dp * TILE_N, scr.s.as_mut_ptr(), S_LD, groups, n / TILE_N, dp / TILE_K, false, Walk::Panels { ask_ahead: false }) };
     // Scores in exp2 units, as the row kernels take them.
     let qscale = opts.scale * LOG2_E;
     // Rows past the block's end in its last 16-row group multiply as zeros.
@@ -230,7 +234,11 @@ fn step<U: TileUnit, K: Isa>(scr: &mut Scratch, opts: &AttnOptions, rows: usize,
         return;
     }
     // V's pair-rows of these keys start at pair-row j0/2 of every panel (panels skp·16 apart).
+    // Where the unit can stream V (AMX), P's rows by pairs of row groups (32 KiB each at 512
+    // keys, kept in L1) with V passing by: walked by panels, P and V both came from L2 at every
+    // product (15.3k → 12.1k cycles per 512-key step, bench/RESULTS.md).
+    let walk = if U::STREAMS_B { Walk::Rows } else { Walk::Panels { ask_ahead: true } };
     // SAFETY: pa holds `groups` 16-row groups of P_LD ≥ n elements (n/32 steps), vt dp/16
     // panels of skp/2 pair-rows (j0 + n ≤ skp), o the groups' rows of o_ld(dp) f32.
-    unsafe { blocks::<U>(scr.pa.as_ptr(), P_LD, kv.vt[j0 * TILE_N..].as_ptr(), kv.skp * TILE_N, scr.o.as_mut_ptr(), o_ld(dp), groups, dp / TILE_N, n / TILE_K, true) };
+    unsafe { blocks::<U>(scr.pa.as_ptr(), P_LD, kv.vt[j0 * TILE_N..].as_ptr(), kv.skp * TILE_N, scr.o.as_mut_ptr(), o_ld(dp), groups, dp / TILE_N, n / TILE_K, true, walk) };
 }

@@ -31,7 +31,7 @@ fn block_rate<U: TileUnit>(kblocks: usize, reps: usize, accumulate: bool, skew: 
     b.iter_mut().enumerate().for_each(|(i, x)| *x = 0x3F00 + (i % 5) as u16);
     let mut c = Lines::<f32>::zeroed(2 * TILE_M * 2 * TILE_N);
     let panel = kblocks * TILE_M * TILE_K;
-    let g = TileGemm { a: a.as_ptr(), lda: kblocks * TILE_K, b: b.as_ptr(), c: c.as_mut_ptr(), ldc: 2 * TILE_N, kblocks, accumulate, prefetch: core::ptr::null() };
+    let g = TileGemm { a: a.as_ptr(), lda: kblocks * TILE_K, b: b.as_ptr(), c: c.as_mut_ptr(), ldc: 2 * TILE_N, kblocks, accumulate, prefetch: core::ptr::null(), stream_b: false };
     let flops = (reps * 4 * kblocks * 2 * TILE_M * TILE_N * TILE_K) as f64;
     (0..5)
         .map(|_| {
@@ -80,7 +80,7 @@ pub fn overlap(n: usize) -> Option<Overlap> {
         b.iter_mut().enumerate().for_each(|(i, x)| *x = 0x3F00 + (i % 5) as u16);
         let mut c = Lines::<f32>::zeroed(2 * TILE_M * 2 * TILE_N);
         let panel = kblocks * TILE_M * TILE_K;
-        let g = TileGemm { a: a.as_ptr(), lda: kblocks * TILE_K, b: b.as_ptr(), c: c.as_mut_ptr(), ldc: 2 * TILE_N, kblocks, accumulate: false, prefetch: core::ptr::null() };
+        let g = TileGemm { a: a.as_ptr(), lda: kblocks * TILE_K, b: b.as_ptr(), c: c.as_mut_ptr(), ldc: 2 * TILE_N, kblocks, accumulate: false, prefetch: core::ptr::null(), stream_b: false };
         let scores: Vec<f32> = (0..16 * KEYS).map(|i| ((i * 37) % 101) as f32 * 0.05).collect();
         let mut s = scores.clone();
         let mut p = vec![0u16; KEYS];

@@ -18,7 +18,7 @@ pub(crate) fn tile_product<U: TileUnit>(a: &[u16], b: &[u16], c0: &[f32], kblock
     // SAFETY: the extents of TileGemm, checked above; `U` runs here (the caller's word).
     unsafe {
         let _scope = UnitScope::<U>::enter();
-        U::gemm(&TileGemm { a: a.as_ptr(), lda: kblocks * TILE_K, b: b.as_ptr(), c: c.as_mut_ptr(), ldc: TILE_N, kblocks, accumulate: true, prefetch: core::ptr::null() });
+        U::gemm(&TileGemm { a: a.as_ptr(), lda: kblocks * TILE_K, b: b.as_ptr(), c: c.as_mut_ptr(), ldc: TILE_N, kblocks, accumulate: true, prefetch: core::ptr::null(), stream_b: false });
     }
     c
 }

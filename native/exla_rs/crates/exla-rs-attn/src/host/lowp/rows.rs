@@ -5,21 +5,41 @@
 //! in one pass, then scale, `exp2`, sum and the rounding to 16 bits in the second, so a score row
 //! is read twice, never written, and P written once. Every other case (softcap, the AVX2 and scalar families the model
 //! units run with) takes the f32 path's own row kernel and rounds after it; both compute the
-//! contract's `p = 2^(s2 - m_new)` with the same `exp2`.
+//! contract's `p = 2^(s2 - m_new)` with the same `exp2` in these two passes.
+//!
+//! Before that, on AVX-512 without softcap, a row tries **one pass against a reference it already
+//! has** (FlashAttention-4's conditional rescaling): its running max, or in its first step the
+//! largest visible score of the 16 keys that hold its first visible one. `p = 2^(s2 - m_ref)` for
+//! every visible key, summed; when the sum is at most [`ONE_PASS_SUM_MAX`] the step keeps `m_ref`
+//! as the row's `m`, so `O` needs no rescale, and the max pass (a read of the row, and the
+//! reduction's latency before the first `exp2`) is gone. Otherwise (a score far above the
+//! reference, an inf or a NaN: the sum is then large, inf or NaN) the row is done again in the two
+//! passes above, against its own max. The function is the contract's either way: `o = Σp·v / Σp`
+//! and `lse = m + log2 Σp` do not depend on which `m` the `p` are taken against, and `P`'s
+//! rounding to the input type is relative. The one pass reduces by `floor` (`exp2_floor`, a µop
+//! shorter). One thread, bf16 S = 2048, D = 128, Emerald Rapids: a 512-key step's row pass took
+//! 21.1k → 14.5k TSC cycles (bench/RESULTS.md).
 
 use super::super::kernels::Isa;
 use super::super::HostElement;
 use super::model::Half16;
 use super::pack;
 
+/// The most a one-pass row's sum may be (see the module docs), so every `p` of it too: `2^12`.
+/// A step of 512 keys whose every `p` is at most 8 passes, and no `p` comes near the 16-bit
+/// types' ranges (f16's largest is 65504).
+pub(crate) const ONE_PASS_SUM_MAX: f32 = 4096.0;
+
 /// One row: `s[0..n]` holds `q·k`; columns `[a, b)` (non-empty) are visible. Writes
 /// `p = 2^(s2 - m_new)` rounded to `elem` into `out[0..n]` (0 outside `[a, b)`), where
-/// `s2 = log2(e)·softcap(scale·q·k)` and `m_new = max(m_old, max visible s2)`; `s` may be
-/// clobbered.
+/// `s2 = log2(e)·softcap(scale·q·k)` and `m_new = max(m_old, max visible s2)`, or, where the
+/// one pass holds (module docs; AVX-512 without softcap), `m_new` the row's reference (`m_old`
+/// itself, or in a row's first step, `m_old = -inf`, a visible `s2` of its first 16-key group)
+/// with `Σp ≤` [`ONE_PASS_SUM_MAX`]. `m_new ≥ m_old` either way. `s` may be clobbered.
 /// Returns `(m_new, Σp)` (the sum of the unrounded `p`, as the f32 path sums).
 ///
 /// # Safety
-/// `s` and `out` hold `n` elements, `n` a multiple of 32, `a < b ≤ n`; `K`'s CPU features are
+/// `s` and `out` hold `n` elements, `n` a multiple of 64 (whole key tiles), `a < b ≤ n`; `K`'s CPU features are
 /// present (the dispatcher's word).
 #[allow(clippy::too_many_arguments)]
 pub(crate) unsafe fn fwd_row16<K: Isa>(elem: Half16, s: *mut f32, n: usize, a: usize, b: usize, qscale: f32, softcap: f32, m_old: f32, out: *mut u16) -> (f32, f32) {
@@ -128,6 +148,13 @@ mod avx512 {
         _mm512_mask_or_epi32(rounded, nan, _mm512_srli_epi32::<16>(xi), _mm512_set1_epi32(0x40))
     }
 
+    /// 16 zeros (either 16-bit type's +0) at `out`.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn zero16(out: *mut u16) {
+        _mm256_storeu_si256(out.cast(), _mm256_setzero_si256());
+    }
+
     /// 16 lanes of `p` as `f16` (`F16`) or bf16 at `out`.
     #[inline]
     #[target_feature(enable = "avx512f")]
@@ -183,10 +210,57 @@ mod avx512 {
     /// second pass forms `s·qscale - m` in one FMA. So the first pass is a load and a max per
     /// 16 scores, where it was a load, a multiply, a store and a max.
     macro_rules! row_body {
-        ($exp2:path, $sp:ident, $n:ident, $a:ident, $b:ident, $qscale:ident, $m_old:ident, $out:ident, $store:expr, $store2:expr) => {{
+        ($exp2:path, $exp2_one:path, $sp:ident, $n:ident, $a:ident, $b:ident, $qscale:ident, $m_old:ident, $out:ident, $store:expr, $store2:expr) => {{
             let ninf = s::splat(f32::NEG_INFINITY);
             let full = $a == 0 && $b == $n;
             let (mut m0, mut m1) = (ninf, ninf);
+            // The one pass (module docs): a positive scale (so the raw scores' order is the
+            // scaled ones') and a finite reference. Vectors wholly inside [a, b) unmasked, the
+            // one or two that hold a bound masked, those outside it P = 0 without an exp2.
+            if $qscale > 0.0 {
+                let (va, vb) = ($a & !15, ($b + 15) & !15);
+                let m_ref = if $m_old.is_finite() { $m_old } else { s::hmax(_mm512_mask_blend_ps(visible(va, $a, $b), ninf, s::load($sp.add(va)))) * $qscale };
+                if m_ref.is_finite() {
+                    let (sc, neg_m) = (s::splat($qscale), s::splat(-m_ref));
+                    let (mut sum0, mut sum1) = (s::zero(), s::zero());
+                    let masked = |j: usize| _mm512_maskz_mov_ps(visible(j, $a, $b), $exp2_one(s::fma(s::load($sp.add(j)), sc, neg_m)));
+                    let mut j = 0;
+                    while j < va {
+                        zero16($out.add(j));
+                        j += 16;
+                    }
+                    if $a > va {
+                        let p = masked(j);
+                        sum1 = s::add(sum1, p);
+                        $store($out.add(j), p);
+                        j += 16;
+                    }
+                    let inner = $b & !15;
+                    while j + 32 <= inner {
+                        let p0 = $exp2_one(s::fma(s::load($sp.add(j)), sc, neg_m));
+                        let p1 = $exp2_one(s::fma(s::load($sp.add(j + 16)), sc, neg_m));
+                        sum0 = s::add(sum0, p0);
+                        sum1 = s::add(sum1, p1);
+                        $store2($out.add(j), p0, p1);
+                        j += 32;
+                    }
+                    while j < vb {
+                        let p = if j < inner { $exp2_one(s::fma(s::load($sp.add(j)), sc, neg_m)) } else { masked(j) };
+                        sum0 = s::add(sum0, p);
+                        $store($out.add(j), p);
+                        j += 16;
+                    }
+                    while j < $n {
+                        zero16($out.add(j));
+                        j += 16;
+                    }
+                    let sum = s::hsum(s::add(sum0, sum1));
+                    // Not `>` (a NaN sum redoes the row).
+                    if sum <= super::ONE_PASS_SUM_MAX {
+                        return (m_ref, sum);
+                    }
+                }
+            }
             // Not `qscale > 0` (NaN included).
             if $qscale.partial_cmp(&0.0) != Some(core::cmp::Ordering::Greater) {
                 // Scale first (a negative scale turns the max around), hidden lanes -inf.
@@ -211,12 +285,18 @@ mod avx512 {
                 return (m_new, s::hsum(sum0));
             }
             if full {
+                // Four accumulators: the pass is 2 loads a cycle, a max's latency 4.
+                let (mut m2, mut m3) = (ninf, ninf);
                 let mut j = 0;
                 while j < $n {
                     m0 = s::max(m0, s::load($sp.add(j)));
                     m1 = s::max(m1, s::load($sp.add(j + 16)));
-                    j += 32;
+                    m2 = s::max(m2, s::load($sp.add(j + 32)));
+                    m3 = s::max(m3, s::load($sp.add(j + 48)));
+                    j += 64;
                 }
+                m0 = s::max(m0, m2);
+                m1 = s::max(m1, m3);
             } else {
                 let mut j = 0;
                 while j < $n {
@@ -312,18 +392,18 @@ mod avx512 {
     /// The forward's row in f16 (`F16`) or in bf16 without AVX512-BF16.
     #[target_feature(enable = "avx512f")]
     unsafe fn row_plain<const F16: bool>(sp: *mut f32, n: usize, a: usize, b: usize, qscale: f32, m_old: f32, out: *mut u16) -> (f32, f32) {
-        row_body!(s::exp2, sp, n, a, b, qscale, m_old, out, |o: *mut u16, p| store16(F16, o, p), |o: *mut u16, p0, p1| store2::<F16>(o, p0, p1))
+        row_body!(s::exp2, s::exp2, sp, n, a, b, qscale, m_old, out, |o: *mut u16, p| store16(F16, o, p), |o: *mut u16, p0, p1| store2::<F16>(o, p0, p1))
     }
 
     #[target_feature(enable = "avx512f,avx512bf16,avx512dq")]
     unsafe fn row_bf16_native(sp: *mut f32, n: usize, a: usize, b: usize, qscale: f32, m_old: f32, out: *mut u16) -> (f32, f32) {
-        row_body!(s::exp2_dq, sp, n, a, b, qscale, m_old, out, |o: *mut u16, p| store_bf16_native(o, p), |o: *mut u16, p0, p1| store2_bf16_native(o, p0, p1))
+        row_body!(s::exp2_dq, s::exp2_floor, sp, n, a, b, qscale, m_old, out, |o: *mut u16, p| store_bf16_native(o, p), |o: *mut u16, p0, p1| store2_bf16_native(o, p0, p1))
     }
 
-    /// [`super::fwd_row16`] without softcap (`n` a multiple of 32: whole key tiles).
+    /// [`super::fwd_row16`] without softcap (`n` a multiple of 64: whole key tiles).
     #[allow(clippy::too_many_arguments)]
     pub(super) unsafe fn fwd_row16(f16: bool, sp: *mut f32, n: usize, a: usize, b: usize, qscale: f32, m_old: f32, out: *mut u16) -> (f32, f32) {
-        debug_assert!(n.is_multiple_of(32));
+        debug_assert!(n.is_multiple_of(64));
         if f16 {
             row_plain::<true>(sp, n, a, b, qscale, m_old, out)
         } else if std::is_x86_feature_detected!("avx512bf16") && std::is_x86_feature_detected!("avx512dq") {

@@ -18,7 +18,7 @@ use super::tile::{LOWP_TILES, TILE_K, TILE_M, TILE_N};
 #[cfg(target_arch = "x86_64")]
 use super::probe::amx_bounds;
 use super::probe::{agrees, tile_product};
-use super::unit::{ModelAmx, ModelAvx512Bf16, TileGemm, TileUnit, UnitScope};
+use super::unit::{blocks, ModelAmx, ModelAvx512Bf16, TileGemm, TileUnit, UnitScope, Walk};
 use super::{backward_with, forward_with, pick, Detected, Policy, Unit};
 use crate::ElementType;
 
@@ -241,6 +241,70 @@ fn lowp_forward_inf_in_v_stays_in_visible_rows() {
     for i in 0..20 {
         let row = &o[i * 16..(i + 1) * 16];
         assert!(row.iter().all(|x| x.to_f32().is_finite()) == (i < 10), "row {i}: {row:?}");
+    }
+}
+
+/// The forward's row pass against its definition on every family, in both elements: `P` is
+/// `2^(s2 - m_new)` rounded (within an ulp of the input type: `exp2`'s last bits may tip a
+/// rounding), 0 at hidden keys, the sum that of the `p`, and `m_new ≥ m_old`. Where the one pass
+/// holds (AVX-512) `m_new` may be a reference below the true max with the sum at most
+/// `ONE_PASS_SUM_MAX`; a score far above the reference (first step, later step) must make it
+/// the true max instead. Visible ranges aligned, unaligned, within one vector; a negative scale.
+#[test]
+fn lowp_forward_row_is_its_definition() {
+    use super::rows::{fwd_row16, ONE_PASS_SUM_MAX};
+    let mut rng = Rng(41);
+    let n = 256;
+    let spike = |at: usize, by: f32| move |j: usize, x: f32| if j == at { x + by } else { x };
+    // (a, b, m_old, raw-score tweak, qscale, whether the result must be the true max)
+    type Tweak = Box<dyn Fn(usize, f32) -> f32>;
+    let cases: Vec<(usize, usize, f32, Tweak, f32, bool)> = vec![
+        (0, n, f32::NEG_INFINITY, Box::new(|_, x| x), 0.3, false),
+        (0, n, f32::NEG_INFINITY, Box::new(spike(200, 90.0)), 0.3, true),
+        (0, n, 4.0, Box::new(|_, x| x), 0.3, false),
+        (0, n, 0.5, Box::new(spike(37, 90.0)), 0.3, true),
+        (5, 77, f32::NEG_INFINITY, Box::new(|_, x| x), 0.3, false),
+        (5, 77, 1.0, Box::new(spike(70, 90.0)), 0.3, true),
+        (16, 64, f32::NEG_INFINITY, Box::new(|_, x| x), 0.3, false),
+        (3, 9, f32::NEG_INFINITY, Box::new(|_, x| x), 0.3, false),
+        (0, n, f32::NEG_INFINITY, Box::new(|_, x| x), -0.3, true),
+    ];
+    for which in available() {
+        for elem in [Half16::Bf16, Half16::F16] {
+            for (a, b, m_old, tweak, qscale, true_max) in &cases {
+                let raw: Vec<f32> = (0..n).map(|j| tweak(j, rng.uniform(8.0))).collect();
+                let mut s = raw.clone();
+                let mut out = vec![0xDEADu16; n];
+                // SAFETY: s and out hold n (a multiple of 64) elements, a < b ≤ n; `which` runs here.
+                let (m_new, sum) = with_isa!(which, K => unsafe { fwd_row16::<K>(elem, s.as_mut_ptr(), n, *a, *b, *qscale, 0.0, *m_old, out.as_mut_ptr()) });
+                let tag = format!("{which:?} {elem:?} [{a}, {b}) m_old {m_old} qscale {qscale}");
+                // qscale is the scale times log2(e) already (the caller's).
+                let s2 = |j: usize| raw[j] as f64 * *qscale as f64;
+                let max = (*a..*b).map(s2).fold(*m_old as f64, f64::max);
+                assert!(m_new as f64 >= *m_old as f64 && m_new as f64 <= max + 1e-5 * max.abs().max(1.0), "{tag}: m_new {m_new}, true max {max}");
+                if *true_max {
+                    assert!((m_new as f64 - max).abs() <= 1e-5 * max.abs().max(1.0), "{tag}: m_new {m_new}, must be the true max {max}");
+                }
+                let mut want_sum = 0f64;
+                for (j, &bits) in out.iter().enumerate() {
+                    let got = pack::value(elem, bits) as f64;
+                    if j < *a || j >= *b {
+                        assert_eq!(bits, 0, "{tag}: hidden key {j} has P bits {bits:#x}");
+                        continue;
+                    }
+                    let p = (s2(j) - m_new as f64).exp2();
+                    want_sum += p;
+                    // An ulp relative, and f16's subnormal spacing (2^-24) below its normals.
+                    let (ulp, floor) = match elem {
+                        Half16::Bf16 => (2f64.powi(-7), 1e-37),
+                        Half16::F16 => (2f64.powi(-10), 2f64.powi(-24)),
+                    };
+                    assert!((got - p).abs() <= ulp * p + floor, "{tag}: key {j}: P {got:e}, 2^(s2 - m) = {p:e}");
+                }
+                assert!(((sum as f64 - want_sum) / want_sum).abs() < 1e-5, "{tag}: sum {sum}, want {want_sum}");
+                assert!(*true_max || sum <= ONE_PASS_SUM_MAX, "{tag}: sum {sum}");
+            }
+        }
     }
 }
 
@@ -560,7 +624,7 @@ fn lowp_bf16_choice_is_never_the_slower() {
 #[test]
 fn lowp_2x2_product_is_four_one_block_products() {
     fn check_unit<U: TileUnit>(name: &str, rng: &mut Rng) {
-        for kblocks in [1, 3] {
+        for (kblocks, stream_b) in [(1, false), (3, false), (3, true)] {
             for accumulate in [false, true] {
                 // Two row groups of A (lda padded), two B panels `panel` apart, C 32 × (32 + pad).
                 let (lda, ldc, panel) = (kblocks * TILE_K + 16, 2 * TILE_N + 8, kblocks * TILE_M * TILE_K + 64);
@@ -571,14 +635,14 @@ fn lowp_2x2_product_is_four_one_block_products() {
                 // SAFETY: every extent lies in a, b and the C buffers; `U` runs here (the caller's word).
                 unsafe {
                     let _scope = UnitScope::<U>::enter();
-                    let g = TileGemm { a: a.as_ptr(), lda, b: b.as_ptr(), c: c4.as_mut_ptr(), ldc, kblocks, accumulate, prefetch: b.as_ptr() };
+                    let g = TileGemm { a: a.as_ptr(), lda, b: b.as_ptr(), c: c4.as_mut_ptr(), ldc, kblocks, accumulate, prefetch: b.as_ptr(), stream_b };
                     U::gemm2x2(&g, panel);
                     for (grp, p) in [(0, 0), (0, 1), (1, 0), (1, 1)] {
                         U::gemm(&TileGemm { a: a.as_ptr().add(grp * TILE_M * lda), b: b.as_ptr().add(p * panel), c: c1.as_mut_ptr().add(grp * TILE_M * ldc + p * TILE_N), prefetch: core::ptr::null(), ..g });
                     }
                 }
                 for (i, (x, y)) in c4.iter().zip(&c1).enumerate() {
-                    assert_eq!(x.to_bits(), y.to_bits(), "{name}, {kblocks} step(s), accumulate {accumulate}: C[{i}] {x:e} vs {y:e}");
+                    assert_eq!(x.to_bits(), y.to_bits(), "{name}, {kblocks} step(s), accumulate {accumulate}, stream_b {stream_b}: C[{i}] {x:e} vs {y:e}");
                 }
             }
         }
@@ -597,6 +661,60 @@ fn lowp_2x2_product_is_four_one_block_products() {
         }
         if caps.fp16 {
             check_unit::<super::amx::Amx<true>>("AMX-FP16", &mut rng);
+        }
+    }
+}
+
+/// `blocks` in either walk (and each `Walk::Panels` with and without asking ahead) gives every C
+/// block the one-block product, bit for bit: 2 × 2 blocks and the odd edges (one, two and three
+/// row groups and panels), set and accumulated.
+#[test]
+fn lowp_blocks_walks_are_one_block_products() {
+    fn check_unit<U: TileUnit>(name: &str, rng: &mut Rng) {
+        let kblocks = 2;
+        for (mg, np) in [(1, 1), (2, 2), (3, 2), (2, 3), (3, 3), (4, 4)] {
+            let (lda, ldc, panel) = (kblocks * TILE_K + 16, np * TILE_N + 8, kblocks * TILE_M * TILE_K + 64);
+            let a: Vec<u16> = (0..mg * TILE_M * lda).map(|_| super::pack::bits(U::ELEM, rng.uniform(2.0))).collect();
+            let b: Vec<u16> = (0..np * panel).map(|_| super::pack::bits(U::ELEM, rng.uniform(2.0))).collect();
+            let c0: Vec<f32> = (0..mg * TILE_M * ldc).map(|_| rng.uniform(1.0)).collect();
+            for accumulate in [false, true] {
+                let mut want = c0.clone();
+                // SAFETY (both blocks): every extent lies in a, b and the C buffers; `U` runs here
+                // (the caller's word).
+                unsafe {
+                    let _scope = UnitScope::<U>::enter();
+                    for grp in 0..mg {
+                        for p in 0..np {
+                            let c = want.as_mut_ptr().add(grp * TILE_M * ldc + p * TILE_N);
+                            U::gemm(&TileGemm { a: a.as_ptr().add(grp * TILE_M * lda), lda, b: b.as_ptr().add(p * panel), c, ldc, kblocks, accumulate, prefetch: core::ptr::null(), stream_b: false });
+                        }
+                    }
+                }
+                for walk in [Walk::Panels { ask_ahead: false }, Walk::Panels { ask_ahead: true }, Walk::Rows] {
+                    let mut got = c0.clone();
+                    unsafe {
+                        let _scope = UnitScope::<U>::enter();
+                        blocks::<U>(a.as_ptr(), lda, b.as_ptr(), panel, got.as_mut_ptr(), ldc, mg, np, kblocks, accumulate, walk);
+                    }
+                    for (i, (x, y)) in got.iter().zip(&want).enumerate() {
+                        assert_eq!(x.to_bits(), y.to_bits(), "{name}, {mg} x {np} blocks, {walk:?}, accumulate {accumulate}: C[{i}] {x:e} vs {y:e}");
+                    }
+                }
+            }
+        }
+    }
+    let mut rng = Rng(37);
+    check_unit::<ModelAmx<false>>("model AMX-BF16", &mut rng);
+    check_unit::<ModelAvx512Bf16>("model AVX512-BF16", &mut rng);
+    #[cfg(target_arch = "x86_64")]
+    {
+        if super::amx::detected().bf16 {
+            check_unit::<super::amx::Amx<false>>("AMX-BF16", &mut rng);
+        } else {
+            eprintln!("SKIPPED the real AMX-BF16 part of lowp_blocks_walks_are_one_block_products: not on this CPU");
+        }
+        if super::avx512bf16::detected() {
+            check_unit::<super::avx512bf16::Avx512Bf16>("AVX512-BF16", &mut rng);
         }
     }
 }

@@ -30,6 +30,9 @@ pub(crate) struct TileGemm {
     /// unit whose loads stall on memory asks for it during this product (AMX: its tile loads
     /// cannot run ahead of the products still reading the previous tile).
     pub prefetch: *const u16,
+    /// B is read once here and not again soon: a unit with a streaming load uses it (AMX:
+    /// `TILELOADDT1`), so B passes through without displacing A from L1. Results are the same.
+    pub stream_b: bool,
 }
 
 /// A 16-bit dot-product unit.
@@ -41,6 +44,11 @@ pub(crate) struct TileGemm {
 pub(crate) trait TileUnit: Send + Sync + 'static {
     /// The element type its A and B hold.
     const ELEM: Half16;
+    /// Whether its B loads can pass L1 by ([`TileGemm::stream_b`] does something): then
+    /// [`Walk::Rows`] pays for a long reduction. AMX (`TILELOADDT1`) and its model, which runs the
+    /// same walks so that tests cover them. The AVX512-BF16 unit's vector loads have no such
+    /// hint: walked by rows, its forward took 6% longer (bench/RESULTS.md).
+    const STREAMS_B: bool = false;
     /// Readies this thread's unit (AMX: `ldtilecfg`).
     unsafe fn begin();
     /// Leaves the thread as it found it (AMX: `tilerelease`).
@@ -78,31 +86,65 @@ impl<U: TileUnit> Drop for UnitScope<U> {
     }
 }
 
+/// The order [`blocks`] takes its 2 × 2 blocks in, for where its operands fit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Walk {
+    /// Panel pairs outermost: a pair of B panels is read from L2 or memory once and feeds every
+    /// row group from L1, while A stays in L1 throughout; for an A of a few KiB (a block's Q
+    /// rows). With `ask_ahead` the first row-group pair of each panel pair asks for the next
+    /// pair's panels ([`TileGemm::prefetch`]).
+    Panels { ask_ahead: bool },
+    /// Row-group pairs outermost, B streamed ([`TileGemm::stream_b`]): one row-group pair's A
+    /// over the whole reduction stays in L1 while every panel passes by once per pair; for a
+    /// long reduction where neither operand fits L1 beside the other (`O += P·V` over 512
+    /// keys: 32 KiB of P per pair, 128 KiB of V). Walked by panels, both came from L2 at every
+    /// product.
+    Rows,
+}
+
 /// `C (+)= A·B` over whole 16×16 blocks: `mg` row groups of A/C, `np` column panels of B/C.
-/// A row-major (`lda`), B panels `panel` elements apart, C row-major (`ldc`).
+/// A row-major (`lda`), B panels `panel` elements apart, C row-major (`ldc`); 2 × 2 blocks where
+/// both counts allow, single blocks on an odd edge, in `walk`'s order.
 ///
 /// # Safety
 /// The extents (16·mg rows of A and C, np panels of B, kblocks steps) lie inside the buffers.
 #[allow(clippy::too_many_arguments)]
-pub(crate) unsafe fn blocks<U: TileUnit>(a: *const u16, lda: usize, b: *const u16, panel: usize, c: *mut f32, ldc: usize, mg: usize, np: usize, kblocks: usize, accumulate: bool) {
-    let at = |grp: usize, p: usize| TileGemm { a: a.add(grp * TILE_M * lda), lda, b: b.add(p * panel), c: c.add(grp * TILE_M * ldc + p * TILE_N), ldc, kblocks, accumulate, prefetch: core::ptr::null() };
-    // 2 × 2 blocks where both counts allow, single blocks on an odd edge. Panels outermost: a
-    // pair of B panels (the operand streamed from K/V) is read from memory once and feeds every
-    // row group from L1, while A (a block's rows) stays in L1 throughout.
-    // The first row-group pair of each panel pair asks for the next pair's panels.
-    for p in (0..np & !1).step_by(2) {
-        for grp in (0..mg & !1).step_by(2) {
-            let next = if grp == 0 && p + 3 < np { b.add((p + 2) * panel) } else { core::ptr::null() };
-            U::gemm2x2(&TileGemm { prefetch: next, ..at(grp, p) }, panel);
+pub(crate) unsafe fn blocks<U: TileUnit>(a: *const u16, lda: usize, b: *const u16, panel: usize, c: *mut f32, ldc: usize, mg: usize, np: usize, kblocks: usize, accumulate: bool, walk: Walk) {
+    let stream_b = walk == Walk::Rows;
+    let at = |grp: usize, p: usize| TileGemm { a: a.add(grp * TILE_M * lda), lda, b: b.add(p * panel), c: c.add(grp * TILE_M * ldc + p * TILE_N), ldc, kblocks, accumulate, prefetch: core::ptr::null(), stream_b };
+    match walk {
+        Walk::Panels { ask_ahead } => {
+            for p in (0..np & !1).step_by(2) {
+                for grp in (0..mg & !1).step_by(2) {
+                    let next = if ask_ahead && grp == 0 && p + 3 < np { b.add((p + 2) * panel) } else { core::ptr::null() };
+                    U::gemm2x2(&TileGemm { prefetch: next, ..at(grp, p) }, panel);
+                }
+                if mg % 2 == 1 {
+                    U::gemm(&at(mg - 1, p));
+                    U::gemm(&at(mg - 1, p + 1));
+                }
+            }
+            if np % 2 == 1 {
+                for grp in 0..mg {
+                    U::gemm(&at(grp, np - 1));
+                }
+            }
         }
-        if mg % 2 == 1 {
-            U::gemm(&at(mg - 1, p));
-            U::gemm(&at(mg - 1, p + 1));
-        }
-    }
-    if np % 2 == 1 {
-        for grp in 0..mg {
-            U::gemm(&at(grp, np - 1));
+        Walk::Rows => {
+            for grp in (0..mg & !1).step_by(2) {
+                for p in (0..np & !1).step_by(2) {
+                    U::gemm2x2(&at(grp, p), panel);
+                }
+                if np % 2 == 1 {
+                    U::gemm(&at(grp, np - 1));
+                    U::gemm(&at(grp + 1, np - 1));
+                }
+            }
+            if mg % 2 == 1 {
+                for p in 0..np {
+                    U::gemm(&at(mg - 1, p));
+                }
+            }
         }
     }
 }
@@ -113,6 +155,7 @@ pub(crate) struct ModelAmx<const F16: bool>;
 
 impl<const F16: bool> TileUnit for ModelAmx<F16> {
     const ELEM: Half16 = if F16 { Half16::F16 } else { Half16::Bf16 };
+    const STREAMS_B: bool = true;
     unsafe fn begin() {}
     unsafe fn end() {}
     unsafe fn gemm(g: &TileGemm) {
