@@ -7,18 +7,21 @@
 //! units run with) takes the f32 path's own row kernel and rounds after it; both compute the
 //! contract's `p = 2^(s2 - m_new)` with the same `exp2` in these two passes.
 //!
-//! Before that, on AVX-512 without softcap, a row tries **one pass against a reference it already
-//! has** (FlashAttention-4's conditional rescaling): its running max, or in its first step the
-//! largest visible score of the 16 keys that hold its first visible one. `p = 2^(s2 - m_ref)` for
-//! every visible key, summed; when the sum is at most [`ONE_PASS_SUM_MAX`] the step keeps `m_ref`
-//! as the row's `m`, so `O` needs no rescale, and the max pass (a read of the row, and the
-//! reduction's latency before the first `exp2`) is gone. Otherwise (a score far above the
-//! reference, an inf or a NaN: the sum is then large, inf or NaN) the row is done again in the two
-//! passes above, against its own max. The function is the contract's either way: `o = Σp·v / Σp`
-//! and `lse = m + log2 Σp` do not depend on which `m` the `p` are taken against, and `P`'s
-//! rounding to the input type is relative. The one pass reduces by `floor` (`exp2_floor`, a µop
-//! shorter). One thread, bf16 S = 2048, D = 128, Emerald Rapids: a 512-key step's row pass took
-//! 21.1k → 14.5k TSC cycles (bench/RESULTS.md).
+//! Before that, on AVX-512 without softcap, a row past its first step tries **one pass against the
+//! running max it already has** (FlashAttention-4's conditional rescaling): `p = 2^(s2 - m_old)`
+//! for every visible key, summed; when the sum is at most [`ONE_PASS_SUM_MAX`] the step keeps
+//! `m_old`, so `O` needs no rescale, and the max pass (a read of the row, and the reduction's
+//! latency before the first `exp2`) is gone. Otherwise (a score far above it, an inf or a NaN: the
+//! sum is then large, inf or NaN) the row is done again in the two passes above, against its own
+//! max. The function is the contract's either way: `o = Σp·v / Σp` and `lse = m + log2 Σp` do not
+//! depend on which `m` the `p` are taken against. Only the rounding does: against the true max the
+//! largest `p` is 1, exact in any type, so a row's first step takes its own max first (one max
+//! pass) and then the same loop; against an estimate (the largest of its first 16 scores) `o`'s
+//! error against float64 was 35% larger at S = 256, where one step is the whole row (and 4%
+//! faster at S = 2048). Later steps against the running max measured within 10% of the two
+//! passes' error at S = 2048. The one pass reduces by `floor` (`exp2_floor`, a µop shorter). One
+//! thread, bf16 S = 2048, D = 128, Emerald Rapids: a 512-key step's row pass took 21.1k → 15.6k
+//! TSC cycles (bench/RESULTS.md).
 
 use super::super::kernels::Isa;
 use super::super::HostElement;
@@ -33,9 +36,8 @@ pub(crate) const ONE_PASS_SUM_MAX: f32 = 4096.0;
 /// One row: `s[0..n]` holds `q·k`; columns `[a, b)` (non-empty) are visible. Writes
 /// `p = 2^(s2 - m_new)` rounded to `elem` into `out[0..n]` (0 outside `[a, b)`), where
 /// `s2 = log2(e)·softcap(scale·q·k)` and `m_new = max(m_old, max visible s2)`, or, where the
-/// one pass holds (module docs; AVX-512 without softcap), `m_new` the row's reference (`m_old`
-/// itself, or in a row's first step, `m_old = -inf`, a visible `s2` of its first 16-key group)
-/// with `Σp ≤` [`ONE_PASS_SUM_MAX`]. `m_new ≥ m_old` either way. `s` may be clobbered.
+/// one pass holds (module docs; AVX-512 without softcap, `m_old` finite), `m_new = m_old` with
+/// `Σp ≤` [`ONE_PASS_SUM_MAX`]. `m_new ≥ m_old` either way. `s` may be clobbered.
 /// Returns `(m_new, Σp)` (the sum of the unrounded `p`, as the f32 path sums).
 ///
 /// # Safety
@@ -189,6 +191,33 @@ mod avx512 {
         _mm512_storeu_si512(out.cast(), core::mem::transmute::<__m512bh, __m512i>(_mm512_cvtne2ps_pbh(p1, p0)));
     }
 
+    /// The largest of `s[a..b]` (non-empty; -inf if all are, a NaN may be skipped): four
+    /// accumulators over the vectors inside, the one or two at a bound masked.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn visible_max(sp: *const f32, a: usize, b: usize) -> f32 {
+        let ninf = s::splat(f32::NEG_INFINITY);
+        let (va, vb) = (a & !15, (b + 15) & !15);
+        let mut m = [ninf; 4];
+        let mut j = va;
+        if a > va || b < va + 16 {
+            m[0] = _mm512_mask_blend_ps(visible(va, a, b), ninf, s::load(sp.add(va)));
+            j += 16;
+        }
+        let inner = b & !15;
+        while j + 64 <= inner {
+            for (k, acc) in m.iter_mut().enumerate() {
+                *acc = s::max(*acc, s::load(sp.add(j + 16 * k)));
+            }
+            j += 64;
+        }
+        while j < vb {
+            m[1] = s::max(m[1], _mm512_mask_blend_ps(visible(j, a, b), ninf, s::load(sp.add(j))));
+            j += 16;
+        }
+        s::hmax(s::max(s::max(m[0], m[1]), s::max(m[2], m[3])))
+    }
+
     /// Lanes `j..j+16` that lie in `[a, b)`.
     #[inline]
     fn visible(j: usize, a: usize, b: usize) -> __mmask16 {
@@ -215,11 +244,12 @@ mod avx512 {
             let full = $a == 0 && $b == $n;
             let (mut m0, mut m1) = (ninf, ninf);
             // The one pass (module docs): a positive scale (so the raw scores' order is the
-            // scaled ones') and a finite reference. Vectors wholly inside [a, b) unmasked, the
-            // one or two that hold a bound masked, those outside it P = 0 without an exp2.
+            // scaled ones') and a finite reference, the running max or in a first step the
+            // row's own. Vectors wholly inside [a, b) unmasked, the one or two that hold a
+            // bound masked, those outside it P = 0 without an exp2.
             if $qscale > 0.0 {
                 let (va, vb) = ($a & !15, ($b + 15) & !15);
-                let m_ref = if $m_old.is_finite() { $m_old } else { s::hmax(_mm512_mask_blend_ps(visible(va, $a, $b), ninf, s::load($sp.add(va)))) * $qscale };
+                let m_ref = if $m_old.is_finite() { $m_old } else { visible_max($sp, $a, $b) * $qscale };
                 if m_ref.is_finite() {
                     let (sc, neg_m) = (s::splat($qscale), s::splat(-m_ref));
                     let (mut sum0, mut sum1) = (s::zero(), s::zero());
