@@ -213,21 +213,23 @@ pub(crate) mod avx512 {
     #[target_feature(enable = "avx512f,avx512dq")]
     pub unsafe fn exp2_floor(x: V) -> V {
         let f = _mm512_reduce_ps::<{ _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC }>(x);
-        let mut y = splat(EXP2_FLOOR_Q[0]);
-        for &c in &EXP2_FLOOR_Q[1..] {
-            y = fma(y, f, splat(c));
-        }
-        y = fma(y, f, splat(1.0));
-        let live = _mm512_cmp_ps_mask::<_CMP_NLT_UQ>(x, splat(EXP2_ZERO_BELOW));
-        _mm512_maskz_scalef_ps(live, y, x)
+        poly_scalef(&EXP2_FLOOR_Q, x, x, f)
     }
 
     /// `2^x` from `n = round(x)` and `f = x - n`.
     #[inline]
     #[target_feature(enable = "avx512f")]
     unsafe fn exp2_of(x: V, n: V, f: V) -> V {
-        let mut y = splat(EXP2_P[0]);
-        for &c in &EXP2_P[1..] {
+        poly_scalef(&EXP2_P, x, n, f)
+    }
+
+    /// `(1 + f·q(f))·2^floor(n)`, `q` the degree-4 polynomial `coef` (highest first), 0 where
+    /// `x` is below [`EXP2_ZERO_BELOW`].
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn poly_scalef(coef: &[f32; 5], x: V, n: V, f: V) -> V {
+        let mut y = splat(coef[0]);
+        for &c in &coef[1..] {
             y = fma(y, f, splat(c));
         }
         y = fma(y, f, splat(1.0));
