@@ -16,13 +16,19 @@
 /// f32, and one FMA more in every row pass).
 #[allow(clippy::excessive_precision)]
 pub(crate) const EXP2_P: [f32; 5] = [1.326_470_985e-3, 9.671_507_403e-3, 5.550_733_581e-2, 2.402_224_243e-1, 6.931_470_037e-1];
-/// `2^f ≈ 1 + f·Q(f)` on `[0, 1)`, `Q` of degree 4 (highest first): the same kind of fit as
-/// [`EXP2_P`] for a reduction to `x - floor(x)`, 1.7e-7 relative once evaluated in f32 (1.4 ulp at
-/// 1.0; [`EXP2_P`] 1.7e-7 too). `VSCALEFPS` takes `floor(x)` of its exponent operand itself, so
-/// with this reduction `x` goes in as it is: [`avx512::exp2_floor`] is one µop shorter than
-/// [`avx512::exp2_dq`] (no `n = x - f`).
+/// `2^f ≈ 1 + f·Q(f)` on `[0, 1)`, `Q` of degree 3 (highest first), for the bf16 rows' `p`
+/// only: a relative fit (Lawson's minimax) to [`EXP2_FLOOR_REL`] once evaluated in f32. Those
+/// `p` are rounded to bf16 next (2^-9): the fit's error is 2^9 below that, and of the order of
+/// the f32 rounding of their 512-key sums. One FMA fewer than a degree-4 `Q` (1.7e-7): 5-8% of
+/// the row pass, 2-3% of the forward (bench/RESULTS.md). `VSCALEFPS` takes `floor(x)` of its
+/// exponent operand itself, so with this reduction `x` goes in as it is: [`avx512::exp2_floor`]
+/// is also a µop shorter than [`avx512::exp2_dq`] (no `n = x - f`).
 #[allow(clippy::excessive_precision)]
-pub(crate) const EXP2_FLOOR_Q: [f32; 5] = [1.867_118_175e-3, 9.017_054_923e-3, 5.579_989_403e-2, 2.401_644_588e-1, 6.931_512_952e-1];
+pub(crate) const EXP2_FLOOR_Q: [f32; 4] = [1.342_660_654e-2, 5.224_259_943e-2, 2.412_801_534e-1, 6.930_448_413e-1];
+/// A bound on [`EXP2_FLOOR_Q`]'s relative error in f32 over `[0, 1)` (2.99e-6 at its worst:
+/// 2^-18.4), and so on `exp2_floor`'s (`tests.rs`).
+#[cfg_attr(not(test), allow(dead_code))]
+pub(crate) const EXP2_FLOOR_REL: f64 = 3.2e-6;
 /// Inputs are clamped to `[EXP2_LO, EXP2_HI]`; `2^-127` is built as the all-zero bit pattern, i.e. 0.
 pub(crate) const EXP2_LO: f32 = -127.0;
 pub(crate) const EXP2_HI: f32 = 127.0;
@@ -204,11 +210,11 @@ pub(crate) mod avx512 {
     }
 
     /// `2^x` reduced to `f = x - floor(x)` in `[0, 1)` by `VREDUCEPS` (rounding down) and
-    /// [`EXP2_FLOOR_Q`], then `VSCALEFPS` by `x` itself (it scales by `2^floor(x)`): 10 µops to
-    /// [`exp2_dq`]'s 11, for the lowp forward's one-pass rows. Not [`exp2`] bit for bit (another
-    /// polynomial), as accurate (`tests.rs`), and the same at the edges: 0 below
+    /// [`EXP2_FLOOR_Q`], then `VSCALEFPS` by `x` itself (it scales by `2^floor(x)`): 9 µops to
+    /// [`exp2_dq`]'s 11, for the lowp forward's one-pass bf16 rows. To [`super::EXP2_FLOOR_REL`]
+    /// relative, not [`exp2`]'s 1.7e-7 (`tests.rs`), and the same at the edges: 0 below
     /// [`EXP2_ZERO_BELOW`] and for `-inf`, inf for `+inf`, NaN for NaN, every nonzero result
-    /// normal; `x` above 0 (a lowp row above its reference max) is exact up to inf.
+    /// normal; `x` above 0 (a lowp row above its reference max) is good up to inf.
     #[inline]
     #[target_feature(enable = "avx512f,avx512dq")]
     pub unsafe fn exp2_floor(x: V) -> V {
@@ -223,11 +229,11 @@ pub(crate) mod avx512 {
         poly_scalef(&EXP2_P, x, n, f)
     }
 
-    /// `(1 + f·q(f))·2^floor(n)`, `q` the degree-4 polynomial `coef` (highest first), 0 where
+    /// `(1 + f·q(f))·2^floor(n)`, `q` the polynomial `coef` (highest first), 0 where
     /// `x` is below [`EXP2_ZERO_BELOW`].
     #[inline]
     #[target_feature(enable = "avx512f")]
-    unsafe fn poly_scalef(coef: &[f32; 5], x: V, n: V, f: V) -> V {
+    unsafe fn poly_scalef<const N: usize>(coef: &[f32; N], x: V, n: V, f: V) -> V {
         let mut y = splat(coef[0]);
         for &c in &coef[1..] {
             y = fma(y, f, splat(c));

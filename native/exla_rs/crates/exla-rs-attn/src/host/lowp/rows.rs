@@ -1,27 +1,29 @@
 //! The forward's row pass on the lowp path: scores (f32, raw `q·k`) in, `P` in the unit's
 //! 16-bit type out, with the row's new max and sum.
 //!
-//! On the AVX-512 family without softcap this is one fused kernel: the row max of the raw scores
-//! in one pass, then scale, `exp2`, sum and the rounding to 16 bits in the second, so a score row
-//! is read twice, never written, and P written once. Every other case (softcap, the AVX2 and scalar families the model
-//! units run with) takes the f32 path's own row kernel and rounds after it; both compute the
-//! contract's `p = 2^(s2 - m_new)` with the same `exp2` in these two passes.
+//! On the AVX-512 family without softcap this is one fused kernel: scale, `exp2`, sum and the
+//! rounding to 16 bits in one pass over the score row, against a reference max (below), so a
+//! score row is read once or twice, never written, and P written once (a scale ≤ 0, which turns
+//! the max around, scales the row first). Every other case (softcap, the AVX2 and scalar families
+//! the model units run with) takes the f32 path's own row kernel and rounds after it; both
+//! compute the contract's `p = 2^(s2 - m_new)`.
 //!
-//! Before that, on AVX-512 without softcap, a row past its first step tries **one pass against the
-//! running max it already has** (FlashAttention-4's conditional rescaling): `p = 2^(s2 - m_old)`
-//! for every visible key, summed; when the sum is at most [`ONE_PASS_SUM_MAX`] the step keeps
-//! `m_old`, so `O` needs no rescale, and the max pass (a read of the row, and the reduction's
-//! latency before the first `exp2`) is gone. Otherwise (a score far above it, an inf or a NaN: the
-//! sum is then large, inf or NaN) the row is done again in the two passes above, against its own
-//! max. The function is the contract's either way: `o = Σp·v / Σp` and `lse = m + log2 Σp` do not
-//! depend on which `m` the `p` are taken against. Only the rounding does: against the true max the
-//! largest `p` is 1, exact in any type, so a row's first step takes its own max first (one max
-//! pass) and then the same loop; against an estimate (the largest of its first 16 scores) `o`'s
-//! error against float64 was 35% larger at S = 256, where one step is the whole row (and 4%
-//! faster at S = 2048). Later steps against the running max measured within 10% of the two
-//! passes' error at S = 2048. The one pass reduces by `floor` (`exp2_floor`, a µop shorter). One
-//! thread, bf16 S = 2048, D = 128, Emerald Rapids: a 512-key step's row pass took 21.1k → 15.6k
-//! TSC cycles (bench/RESULTS.md).
+//! The reference: a row past its first step takes **the running max it already has**
+//! (FlashAttention-4's conditional rescaling): `p = 2^(s2 - m_old)` for every visible key, summed;
+//! when the sum is at most [`ONE_PASS_SUM_MAX`] the step keeps `m_old`, so `O` needs no rescale,
+//! and the max pass (a read of the row, and the reduction's latency before the first `exp2`) is
+//! gone. Otherwise (a score far above it, an inf or a NaN: the sum is then large, inf or NaN), and
+//! in a row's first step, the reference is the row's own max (one max pass, four accumulators) and
+//! the same loop runs once more. The function is the contract's either way: `o = Σp·v / Σp` and
+//! `lse = m + log2 Σp` do not depend on which `m` the `p` are taken against. Only the rounding
+//! does: against the true max the largest `p` is 1, exact in any type, which is why a first step
+//! takes its own; against an estimate (the largest of its first 16 scores) `o`'s error against
+//! float64 was 35% larger at S = 256, where one step is the whole row (and 4% faster at S =
+//! 2048). Later steps against the running max measured within 10% of the two passes' error at
+//! S = 2048. In bf16 the loop's `exp2` is `exp2_floor`: it reduces by `floor` (a µop shorter) and
+//! its polynomial is a degree shorter, good to 2^-18.4 relative where `p` is rounded to 2^-9 next
+//! (`simd::EXP2_FLOOR_Q`). One thread, bf16 S = 2048, D = 128, Emerald Rapids: a 512-key step's
+//! row pass took 21.1k → 15.6k TSC cycles, the shorter polynomial 5-8% less (bench/RESULTS.md).
 
 use super::super::kernels::Isa;
 use super::super::HostElement;
@@ -230,27 +232,23 @@ mod avx512 {
         (upto(hi) & !upto(lo)) as __mmask16
     }
 
-    /// The row kernel's body, instantiated per target-feature set (`$store`: how 16 lanes of P
-    /// become 16 bits; `$store2`: 32, from two vectors). Two accumulators each for the max and
-    /// the sum halve their chains.
+    /// The row kernel's body, instantiated per target-feature set (`$exp2`: the negative-scale
+    /// path's; `$exp2_one`: the one pass's; `$store`: how 16 lanes of P become 16 bits;
+    /// `$store2`: 32, from two vectors). Two accumulators for the sum halve its chain.
     ///
-    /// With `qscale > 0` the scores are not scaled and stored between the passes: the max of the
-    /// raw scores times `qscale` is the max of the scaled ones (rounding is monotone), and the
-    /// second pass forms `s·qscale - m` in one FMA. So the first pass is a load and a max per
-    /// 16 scores, where it was a load, a multiply, a store and a max.
+    /// With `qscale > 0` the scores are never scaled and stored: the max of the raw scores
+    /// times `qscale` is the max of the scaled ones (rounding is monotone), and the pass forms
+    /// `s·qscale - m` in one FMA.
     macro_rules! row_body {
         ($exp2:path, $exp2_one:path, $sp:ident, $n:ident, $a:ident, $b:ident, $qscale:ident, $m_old:ident, $out:ident, $store:expr, $store2:expr) => {{
             let ninf = s::splat(f32::NEG_INFINITY);
-            let full = $a == 0 && $b == $n;
-            let (mut m0, mut m1) = (ninf, ninf);
-            // The one pass (module docs): a positive scale (so the raw scores' order is the
-            // scaled ones') and a finite reference, the running max or in a first step the
-            // row's own. Vectors wholly inside [a, b) unmasked, the one or two that hold a
-            // bound masked, those outside it P = 0 without an exp2.
             if $qscale > 0.0 {
-                let (va, vb) = ($a & !15, ($b + 15) & !15);
-                let m_ref = if $m_old.is_finite() { $m_old } else { visible_max($sp, $a, $b) * $qscale };
-                if m_ref.is_finite() {
+                // The one pass (module docs), against a positive scale (so the raw scores' order
+                // is the scaled ones'). `p = 2^(s·qscale - m_ref)` for the visible keys: vectors
+                // wholly inside [a, b) unmasked, the one or two that hold a bound masked, those
+                // outside it P = 0 without an exp2. Returns Σp.
+                let (va, vb, inner) = ($a & !15, ($b + 15) & !15, $b & !15);
+                let pass = |m_ref: f32| -> f32 {
                     let (sc, neg_m) = (s::splat($qscale), s::splat(-m_ref));
                     let (mut sum0, mut sum1) = (s::zero(), s::zero());
                     let masked = |j: usize| _mm512_maskz_mov_ps(visible(j, $a, $b), $exp2_one(s::fma(s::load($sp.add(j)), sc, neg_m)));
@@ -265,7 +263,6 @@ mod avx512 {
                         $store($out.add(j), p);
                         j += 16;
                     }
-                    let inner = $b & !15;
                     while j + 32 <= inner {
                         let p0 = $exp2_one(s::fma(s::load($sp.add(j)), sc, neg_m));
                         let p1 = $exp2_one(s::fma(s::load($sp.add(j + 16)), sc, neg_m));
@@ -284,80 +281,47 @@ mod avx512 {
                         zero16($out.add(j));
                         j += 16;
                     }
-                    let sum = s::hsum(s::add(sum0, sum1));
-                    // Not `>` (a NaN sum redoes the row).
+                    s::hsum(s::add(sum0, sum1))
+                };
+                // The row's own max, never below the running one: the two-pass reference.
+                let own = || (visible_max($sp, $a, $b) * $qscale).max($m_old);
+                if $m_old.is_finite() {
+                    // A later step against the running max; kept where the sum allows (not `>`:
+                    // a NaN sum redoes the row).
+                    let sum = pass($m_old);
                     if sum <= super::ONE_PASS_SUM_MAX {
-                        return (m_ref, sum);
+                        return ($m_old, sum);
                     }
                 }
+                // A first step, or a later one the running max did not hold (a score far above
+                // it, an inf, a NaN): against its own max, whatever the sum. Every `p` is then at
+                // most 1 and the row's largest exactly 1; an inf or NaN score gives the row the
+                // NaN the contract asks for.
+                let m_new = own();
+                return (m_new, pass(m_new));
             }
-            // Not `qscale > 0` (NaN included).
-            if $qscale.partial_cmp(&0.0) != Some(core::cmp::Ordering::Greater) {
-                // Scale first (a negative scale turns the max around), hidden lanes -inf.
-                let sc = s::splat($qscale);
-                let mut j = 0;
-                while j < $n {
-                    let x = _mm512_mask_blend_ps(visible(j, $a, $b), ninf, s::mul(s::load($sp.add(j)), sc));
-                    s::store($sp.add(j), x);
-                    m0 = s::max(m0, x);
-                    j += 16;
-                }
-                let m_new = s::hmax(m0).max($m_old);
-                let mv = s::splat(m_new);
-                let mut sum0 = s::zero();
-                let mut j = 0;
-                while j < $n {
-                    let p = $exp2(s::sub(s::load($sp.add(j)), mv));
-                    sum0 = s::add(sum0, p);
-                    $store($out.add(j), p);
-                    j += 16;
-                }
-                return (m_new, s::hsum(sum0));
+            // Not `qscale > 0` (NaN included): scale first (a negative scale turns the max
+            // around), hidden lanes -inf.
+            let sc = s::splat($qscale);
+            let mut m0 = ninf;
+            let mut j = 0;
+            while j < $n {
+                let x = _mm512_mask_blend_ps(visible(j, $a, $b), ninf, s::mul(s::load($sp.add(j)), sc));
+                s::store($sp.add(j), x);
+                m0 = s::max(m0, x);
+                j += 16;
             }
-            if full {
-                // Four accumulators: the pass is 2 loads a cycle, a max's latency 4.
-                let (mut m2, mut m3) = (ninf, ninf);
-                let mut j = 0;
-                while j < $n {
-                    m0 = s::max(m0, s::load($sp.add(j)));
-                    m1 = s::max(m1, s::load($sp.add(j + 16)));
-                    m2 = s::max(m2, s::load($sp.add(j + 32)));
-                    m3 = s::max(m3, s::load($sp.add(j + 48)));
-                    j += 64;
-                }
-                m0 = s::max(m0, m2);
-                m1 = s::max(m1, m3);
-            } else {
-                let mut j = 0;
-                while j < $n {
-                    m0 = _mm512_mask_max_ps(m0, visible(j, $a, $b), m0, s::load($sp.add(j)));
-                    j += 16;
-                }
+            let m_new = s::hmax(m0).max($m_old);
+            let mv = s::splat(m_new);
+            let mut sum0 = s::zero();
+            let mut j = 0;
+            while j < $n {
+                let p = $exp2(s::sub(s::load($sp.add(j)), mv));
+                sum0 = s::add(sum0, p);
+                $store($out.add(j), p);
+                j += 16;
             }
-            let m_new = (s::hmax(s::max(m0, m1)) * $qscale).max($m_old);
-            let (sc, neg_m) = (s::splat($qscale), s::splat(-m_new));
-            let (mut sum0, mut sum1) = (s::zero(), s::zero());
-            if full {
-                let mut j = 0;
-                while j < $n {
-                    let p0 = $exp2(s::fma(s::load($sp.add(j)), sc, neg_m));
-                    let p1 = $exp2(s::fma(s::load($sp.add(j + 16)), sc, neg_m));
-                    sum0 = s::add(sum0, p0);
-                    sum1 = s::add(sum1, p1);
-                    $store2($out.add(j), p0, p1);
-                    j += 32;
-                }
-            } else {
-                // Hidden lanes: exactly 0, whatever their score.
-                let mut j = 0;
-                while j < $n {
-                    let p = _mm512_maskz_mov_ps(visible(j, $a, $b), $exp2(s::fma(s::load($sp.add(j)), sc, neg_m)));
-                    sum0 = s::add(sum0, p);
-                    $store($out.add(j), p);
-                    j += 16;
-                }
-            }
-            (m_new, s::hsum(s::add(sum0, sum1)))
+            (m_new, s::hsum(sum0))
         }};
     }
 
