@@ -18,6 +18,12 @@
 //!   D = 128 forward (one thread, Emerald Rapids), 128 keys took 43 M; 32-row tasks (their scores
 //!   in L1) were no faster.
 //!
+//! A step runs each phase over all 64 rows. Run per pair of 16-row groups (`S`, rows and `P·V` for
+//! 32 rows, a 64 KiB score block), the step took as long (one thread, D = 128: `S` 15.2k TSC
+//! cycles per step against 14.0k, since K's panels then pass twice; the row pass the same), and
+//! per single group (a 32 KiB score block in L1, one-block products) 18% longer: the row pass is
+//! not waiting on its scores (bench/RESULTS.md).
+//!
 //! The row pass runs after a step's products, not beside the next step's: on the one AMX machine
 //! measured (an Emerald Rapids KVM guest), a row pass after each 2 × 2 product took as long as the
 //! two apart or longer (`host::overlap`, `host_bench peak`), and a forward that interleaved the
