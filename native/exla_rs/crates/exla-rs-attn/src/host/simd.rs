@@ -19,8 +19,9 @@ pub(crate) const EXP2_P: [f32; 5] = [1.326_470_985e-3, 9.671_507_403e-3, 5.550_7
 /// `2^f ≈ 1 + f·Q(f)` on `[0, 1)`, `Q` of degree 3 (highest first), for the bf16 rows' `p`
 /// only: a relative fit (Lawson's minimax) to [`EXP2_FLOOR_REL`] once evaluated in f32. Those
 /// `p` are rounded to bf16 next (2^-9): the fit's error is 2^9 below that, and of the order of
-/// the f32 rounding of their 512-key sums. One FMA fewer than a degree-4 `Q` (1.7e-7): 5-8% of
-/// the row pass, 2-3% of the forward (bench/RESULTS.md). `VSCALEFPS` takes `floor(x)` of its
+/// the f32 rounding of their 512-key sums. One FMA fewer than a degree-4 `Q` (1.7e-7): 3-9% of
+/// the row kernel alone, 2-3% of the forward in one alternated run, within this guest's noise
+/// (bench/RESULTS.md). `VSCALEFPS` takes `floor(x)` of its
 /// exponent operand itself, so with this reduction `x` goes in as it is: [`avx512::exp2_floor`]
 /// is also a µop shorter than [`avx512::exp2_dq`] (no `n = x - f`).
 #[allow(clippy::excessive_precision)]

@@ -23,7 +23,8 @@
 //! S = 2048. In bf16 the loop's `exp2` is `exp2_floor`: it reduces by `floor` (a µop shorter) and
 //! its polynomial is a degree shorter, good to 2^-18.4 relative where `p` is rounded to 2^-9 next
 //! (`simd::EXP2_FLOOR_Q`). One thread, bf16 S = 2048, D = 128, Emerald Rapids: a 512-key step's
-//! row pass took 21.1k → 15.6k TSC cycles, the shorter polynomial 5-8% less (bench/RESULTS.md).
+//! row pass took 21.1k → 15.6k TSC cycles; the row kernel alone took 3-9% less with the shorter
+//! polynomial (bench/RESULTS.md).
 
 use super::super::kernels::Isa;
 use super::super::HostElement;
@@ -283,8 +284,6 @@ mod avx512 {
                     }
                     s::hsum(s::add(sum0, sum1))
                 };
-                // The row's own max, never below the running one: the two-pass reference.
-                let own = || (visible_max($sp, $a, $b) * $qscale).max($m_old);
                 if $m_old.is_finite() {
                     // A later step against the running max; kept where the sum allows (not `>`:
                     // a NaN sum redoes the row).
@@ -296,8 +295,8 @@ mod avx512 {
                 // A first step, or a later one the running max did not hold (a score far above
                 // it, an inf, a NaN): against its own max, whatever the sum. Every `p` is then at
                 // most 1 and the row's largest exactly 1; an inf or NaN score gives the row the
-                // NaN the contract asks for.
-                let m_new = own();
+                // NaN the contract asks for. Never below the running max.
+                let m_new = (visible_max($sp, $a, $b) * $qscale).max($m_old);
                 return (m_new, pass(m_new));
             }
             // Not `qscale > 0` (NaN included): scale first (a negative scale turns the max

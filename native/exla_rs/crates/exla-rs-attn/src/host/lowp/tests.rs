@@ -249,7 +249,8 @@ fn lowp_forward_inf_in_v_stays_in_visible_rows() {
 /// rounding), 0 at hidden keys, the sum that of the `p`, and `m_new ≥ m_old`. Where the one pass
 /// holds (AVX-512, a row's later steps) `m_new` may be the running max below the step's own with
 /// the sum at most `ONE_PASS_SUM_MAX`; a score far above it must make it the true max instead,
-/// and a first step is always against the true max. Visible ranges aligned, unaligned, within one vector; a negative scale.
+/// and a first step is always against the true max. Visible ranges aligned, unaligned, within
+/// one vector; a negative scale.
 #[test]
 fn lowp_forward_row_is_its_definition() {
     use super::rows::{fwd_row16, ONE_PASS_SUM_MAX};
@@ -780,4 +781,3 @@ fn lowp_transpose_and_row_dot() {
         }
     }
 }
-
