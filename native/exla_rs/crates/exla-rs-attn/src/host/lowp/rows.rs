@@ -21,10 +21,9 @@
 //! float64 was 35% larger at S = 256, where one step is the whole row (and 4% faster at S =
 //! 2048). Later steps against the running max measured within 10% of the two passes' error at
 //! S = 2048. In bf16 the loop's `exp2` is `exp2_floor`: it reduces by `floor` (a µop shorter) and
-//! its polynomial is a degree shorter, good to 2^-18.4 relative where `p` is rounded to 2^-9 next
-//! (`simd::EXP2_FLOOR_Q`). One thread, bf16 S = 2048, D = 128, Emerald Rapids: a 512-key step's
-//! row pass took 21.1k → 15.6k TSC cycles; the row kernel alone took 3-9% less with the shorter
-//! polynomial (bench/RESULTS.md).
+//! its polynomial is two degrees shorter, good to 2^-13.5 relative where `p` is rounded to 2^-9
+//! next (`simd::EXP2_FLOOR_Q`, where the measurements are). One thread, bf16 S = 2048, D = 128,
+//! Emerald Rapids: a 512-key step's row pass took 21.1k → 15.6k TSC cycles with the one pass.
 
 use super::super::kernels::Isa;
 use super::super::HostElement;
@@ -249,7 +248,10 @@ mod avx512 {
                 // wholly inside [a, b) unmasked, the one or two that hold a bound masked, those
                 // outside it P = 0 without an exp2. Returns Σp.
                 let (va, vb, inner) = ($a & !15, ($b + 15) & !15, $b & !15);
-                let pass = |m_ref: f32| -> f32 {
+                let pass = move |m_ref: f32| -> f32 {
+                    // Copies in registers: read through the closure's captures, the loop reloaded
+                    // three pointers at every step (P's stores might have changed them).
+                    let ($sp, $out, $a, $b) = ($sp, $out, $a, $b);
                     let (sc, neg_m) = (s::splat($qscale), s::splat(-m_ref));
                     let (mut sum0, mut sum1) = (s::zero(), s::zero());
                     let masked = |j: usize| _mm512_maskz_mov_ps(visible(j, $a, $b), $exp2_one(s::fma(s::load($sp.add(j)), sc, neg_m)));
