@@ -18,14 +18,14 @@
 pub(crate) const EXP2_P: [f32; 5] = [1.326_470_985e-3, 9.671_507_403e-3, 5.550_733_581e-2, 2.402_224_243e-1, 6.931_470_037e-1];
 /// `2^f ≈ 1 + f·Q(f)` on `[0, 1)`, `Q` of degree 2 (highest first), for the bf16 rows' `p`
 /// only: a relative fit (Lawson's minimax) to [`EXP2_FLOOR_REL`] once evaluated in f32, with a
-/// mean signed error of 7e-6 over uniform `f`. Those `p` are rounded to bf16 next, a relative
-/// step of up to 2^-9 (3.9e-3 at a binade's bottom): the fit's error is 2^4.5 below that, and `o`'s
-/// error against float64 measured the same to two digits as with the degree-3 `Q` before it (12
-/// cases, S = 2048; bench/RESULTS.md). Each degree is an FMA in a loop bound by the two vector ports: degree
-/// 3 → 2 took the row kernel alone 9-12% less and the bf16 forward 2-5% (one thread, Emerald
-/// Rapids). `VSCALEFPS` takes `floor(x)` of its
-/// exponent operand itself, so with this reduction `x` goes in as it is: [`avx512::exp2_floor`]
-/// is also a µop shorter than [`avx512::exp2_dq`] (no `n = x - f`).
+/// mean signed error of 7e-6 over uniform `f`. Those `p` are rounded to bf16 next, an error of up
+/// to 2^-8 relative (2^-9 typically), 2^4.5 above the fit's. `o`'s error against float64 measured
+/// the same to two digits as with the degree-3 `Q` before it in 11 of 12 cases and lower in the
+/// 12th (S = 2048). Each degree is an FMA in a loop bound by the two vector ports: degree 3 → 2
+/// took the row loop alone about 10% less and the bf16 forward 2-5% (one thread, Emerald Rapids;
+/// bench/RESULTS.md). `VSCALEFPS` takes `floor(x)` of its exponent operand itself, so with this
+/// reduction `x` goes in as it is: [`avx512::exp2_floor`] is also a µop shorter than
+/// [`avx512::exp2_dq`] (no `n = x - f`).
 #[allow(clippy::excessive_precision)]
 pub(crate) const EXP2_FLOOR_Q: [f32; 3] = [7.706_642_818e-2, 2.276_456_599e-1, 6.951_166_359e-1];
 /// A bound on [`EXP2_FLOOR_Q`]'s relative error in f32 over `[0, 1)` (8.57e-5 at its worst:
