@@ -213,7 +213,7 @@ pub(crate) mod avx512 {
     }
 
     /// `2^x` reduced to `f = x - floor(x)` in `[0, 1)` by `VREDUCEPS` (rounding down) and
-    /// [`EXP2_FLOOR_Q`], then `VSCALEFPS` by `x` itself (it scales by `2^floor(x)`): 9 µops to
+    /// [`EXP2_FLOOR_Q`], then `VSCALEFPS` by `x` itself (it scales by `2^floor(x)`): 8 µops to
     /// [`exp2_dq`]'s 11, for the lowp forward's one-pass bf16 rows. To [`super::EXP2_FLOOR_REL`]
     /// relative, not [`exp2`]'s 1.7e-7 (`tests.rs`), and the same at the edges: 0 below
     /// [`EXP2_ZERO_BELOW`] and for `-inf`, inf for `+inf`, NaN for NaN, every nonzero result
