@@ -37,7 +37,13 @@ unsafe fn gemm(g: &TileGemm) {
             let bv: __m512bh = core::mem::transmute(_mm512_loadu_si512(g.b.add(p * TILE_K) as *const __m512i));
             for (i, acc) in acc.iter_mut().enumerate() {
                 let av = _mm512_set1_epi32((g.a.add((r0 + i) * g.lda + 2 * p) as *const i32).read_unaligned());
-                *acc = _mm512_dpbf16_ps(*acc, core::mem::transmute::<__m512i, __m512bh>(av), bv);
+                // The broadcast pair goes last: only the last source can be a memory operand, so
+                // LLVM folds the load and broadcast into `VDPBF16PS zmm, zmm, m32bcst`. As the
+                // first source it took a separate `VBROADCASTSS` per row, and the block product
+                // ran at 2/3 of the instruction's rate on a Zen 4 (1.0 with the fold:
+                // bench/RESULTS.md). The sum is symmetric in the two sources; only which NaN
+                // wins depends on their order, and the model takes them in this one.
+                *acc = _mm512_dpbf16_ps(*acc, bv, core::mem::transmute::<__m512i, __m512bh>(av));
             }
         }
         for (i, acc) in acc.iter().enumerate() {

@@ -403,6 +403,14 @@ fn lowp_real_avx512bf16_matches_model_bit_for_bit() {
             assert!(r.to_bits() == m.to_bits() || (r.is_nan() && m.is_nan()), "C[{i}]: real {r:e} ({:#x}) model {m:e} ({:#x})", r.to_bits(), m.to_bits());
         }
     }
+    // Two NaNs meeting in one product: which payload reaches C depends on the instruction's
+    // operand order, which the model must share (avx512bf16.rs puts B's pair-row first).
+    let (mut a, mut b, c0) = random_tile_operands(&mut rng, Half16::Bf16, 1);
+    a[0] = 0x7FA1;
+    b[0] = 0x7FB2;
+    let real = tile_product::<super::avx512bf16::Avx512Bf16>(&a, &b, &c0, 1);
+    let model = tile_product::<ModelAvx512Bf16>(&a, &b, &c0, 1);
+    assert_eq!(real[0].to_bits(), model[0].to_bits(), "C[0] from two NaNs: real {:#x} model {:#x}", real[0].to_bits(), model[0].to_bits());
     for (n, c) in cases().iter().enumerate() {
         run_case::<bf16, super::avx512bf16::Avx512Bf16>(Which::Avx512, c, TOL_BF16, 7100 + n as u64);
     }

@@ -176,7 +176,7 @@ impl<const F16: bool> TileUnit for ModelAmx<F16> {
 }
 
 /// The AVX512-BF16 unit's model: per C row, one `VDPBF16PS` per pair of the reduction, with
-/// that pair of A broadcast to all 16 lanes and the pair-row of B, in the real unit's order.
+/// the pair-row of B and that pair of A broadcast to all 16 lanes, in the real unit's order.
 pub(crate) struct ModelAvx512Bf16;
 
 impl TileUnit for ModelAvx512Bf16 {
@@ -200,7 +200,9 @@ impl TileUnit for ModelAvx512Bf16 {
                     lane.copy_from_slice(&arow[2 * p..2 * p + 2]);
                 }
                 let bpair: &[u16; 32] = bpair.try_into().expect("chunks of 32");
-                acc = model::vdpbf16ps(acc, &abc, bpair);
+                // The real unit's operand order (B's pair-row first: `avx512bf16.rs`), which
+                // decides which of two NaNs reaches C.
+                acc = model::vdpbf16ps(acc, bpair, &abc);
             }
             crow.copy_from_slice(&acc);
         }
