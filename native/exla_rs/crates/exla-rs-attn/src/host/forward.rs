@@ -68,8 +68,9 @@ impl QueryBlock {
 /// Key tiles per step of the plain instance (no extras, no dropout): its row pass and O's
 /// rescale run once per row per step, its `P·V` loads and stores each O tile once per step. At
 /// one tile (64 keys) a row's fixed costs (the call, the max and sum reductions, `exp2` of the
-/// rescale, O's 128 products) were set against 4 vectors of scores. The extras and dropout keep
-/// one tile per step: their per-row inputs (bias panels, the generator's spans) are per tile.
+/// rescale, O's 128 products) were set against 4 vectors of scores. Dropout steps the same way,
+/// its generator called once per tile of the step. The extras keep one tile per step: their
+/// per-row inputs (bias panels, ALiBi's positions) are per tile.
 const STEP_TILES: usize = 4;
 /// The score scratch's row stride.
 pub(super) const S_LD: usize = STEP_TILES * BC;
@@ -304,7 +305,7 @@ fn run_impl<T: HostElement, K: Isa, const EXT: bool, const DROP: bool>(shape: &A
                 scr.panel.clear();
                 // The span the panel is filled with after the current one.
                 let mut next: Option<PanelSpan> = None;
-                let per_step = if EXT || DROP { 1 } else { STEP_TILES };
+                let per_step = if EXT { 1 } else { STEP_TILES };
                 let mut t1 = tiles.start;
                 while t1 < tiles.end {
                     let tile = t1;
@@ -349,7 +350,7 @@ fn run_impl<T: HostElement, K: Isa, const EXT: bool, const DROP: bool>(shape: &A
 fn step<K: Isa, const EXT: bool, const DROP: bool>(scr: &mut Scratch, opts: &AttnOptions, rows: usize, d: usize, dp: usize, tiles: std::ops::Range<usize>, kt: &[f32], vp: &[f32], v_bad: bool, ctx: &RowCtx<'_, '_>) {
     let (tile, n) = (tiles.start, tiles.len() * BC);
     let j0 = tile * BC;
-    debug_assert!(n <= S_LD && (tiles.len() == 1 || !(EXT || DROP)));
+    debug_assert!(n <= S_LD && (tiles.len() == 1 || !EXT));
     let (next_q, out_rows) = ctx.tail.at(tiles.clone());
     // The output rows ride on S's product unless the in-place bias asks for its own lines there.
     let bias_pf = if EXT { ctx.prep.prefetch_ahead(&ctx.block, ctx.next.as_ref(), tile) } else { Prefetch::NONE };
@@ -416,10 +417,19 @@ fn step<K: Isa, const EXT: bool, const DROP: bool>(scr: &mut Scratch, opts: &Att
     }
     if DROP {
         // o takes P ∘ M · s; l (so lse) keeps the undropped sum: the softmax precedes dropout.
-        // The generator scales the rows in place, two rows side by side where it can.
-        // SAFETY: s is BR×S_LD; every span ends at ≤ n = BC (a multiple of 4), and j0 is a
-        // multiple of BC.
-        unsafe { (ctx.keep_tile)(scr.s.as_mut_ptr(), S_LD, &drop_spans[..rows], &ctx.dropout, ctx.b as u32, ctx.hq as u32, ctx.i0 as u32, j0) };
+        // The generator scales the rows in place a tile at a time (its whole-tile path runs four
+        // rows side by side), each row's span cut to the tile.
+        let mut spans = [(0usize, 0usize); BR];
+        for t in 0..tiles.len() {
+            let (lo, hi) = (t * BC, (t + 1) * BC);
+            for (span, &(a, b)) in spans[..rows].iter_mut().zip(&drop_spans[..rows]) {
+                *span = if a.max(lo) < b.min(hi) { (a.max(lo) - lo, b.min(hi) - lo) } else { (0, 0) };
+            }
+            // SAFETY: s is BR×S_LD and this tile's columns lo..hi ≤ n ≤ S_LD; every span lies
+            // in 0..BC in multiples of 4 (a quad-aligned, b rounded up to a quad, BC too), and
+            // j0 + lo is a multiple of BC.
+            unsafe { (ctx.keep_tile)(scr.s.as_mut_ptr().add(lo), S_LD, &spans[..rows], &ctx.dropout, ctx.b as u32, ctx.hq as u32, ctx.i0 as u32, j0 + lo) };
+        }
     }
     // 0 * inf = NaN: when such a tile's V holds an inf/NaN, each row multiplies only the keys it
     // sees (a row that sees one gets the non-finite result it should), so none reaches the others.

@@ -929,6 +929,9 @@ fn dropout_cases() -> Vec<Case> {
         Case::new(2, 33, 100, 4, 1, 32).alibi().win(-1, 0).qs(&[67, -3]).drop(0.4, [13, 14]),
         Case::new(3, 50, 131, 6, 2, 16).left_pad(&[0, 40, 130]).bias([1, 6, 50, 131]).alibi().win(64, 0).cap(10.0).kv(&[131, 120, 100]).qs(&[81, 70, 60]).drop(0.15, [15, 16]),
         Case::new(2, 17, 70, 4, 2, 256).mask(holes(2, 70)).bias([2, 1, 1, 70]).neg_inf().alibi().win(-1, 0).qs(&[53, 10]).drop(0.5, [17, 18]),
+        // Steps of several key tiles (the plain instance's), whole and cut by the causal edge.
+        Case::new(1, 40, 600, 2, 2, 16).drop(0.2, [21, 22]),
+        Case::new(1, 300, 300, 2, 1, 16).win(-1, 0).drop(0.3, [23, 24]),
         // A fully masked batch row (all-zero key mask): lse -inf, o = 0 under dropout too.
         Case::new(2, 9, 30, 2, 1, 16).mask((0..60).map(|n| u8::from(n < 30 && n % 2 == 0)).collect()).drop(0.5, [19, 20]),
     ]
