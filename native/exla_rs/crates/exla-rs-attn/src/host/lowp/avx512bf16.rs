@@ -17,6 +17,35 @@ pub(crate) fn detected() -> bool {
 
 pub(crate) struct Avx512Bf16;
 
+/// This core's `VDPBF16PS zmm` rate in GFLOP/s (2·32 per instruction): sixteen independent
+/// accumulator chains on operands in registers, nothing else in the loop. `None` where
+/// AVX512-BF16 is not usable. The roof the unit's block product is held against (`host_bench
+/// peak`): one per cycle on a Zen 4, twice its FMA rate; one per two on an Emerald Rapids.
+pub(crate) fn vdp_peak_gflops(iters: u64) -> Option<f64> {
+    if !detected() {
+        return None;
+    }
+    #[target_feature(enable = "avx512f,avx512bf16")]
+    unsafe fn chains(iters: u64) -> f64 {
+        // Values that stay finite and normal: 1.0·0.5 pairs added to accumulators starting at 0.
+        let a: __m512bh = core::mem::transmute(_mm512_set1_epi32(std::hint::black_box(0x3F80_3F80)));
+        let b: __m512bh = core::mem::transmute(_mm512_set1_epi32(std::hint::black_box(0x3F00_3F00)));
+        let mut acc = [_mm512_setzero_ps(); 16];
+        let t0 = std::time::Instant::now();
+        for _ in 0..iters {
+            for x in acc.iter_mut() {
+                *x = _mm512_dpbf16_ps(*x, a, b);
+            }
+        }
+        let t = t0.elapsed().as_secs_f64();
+        std::hint::black_box(acc);
+        t
+    }
+    // SAFETY: AVX512-BF16 and AVX-512F are usable (checked).
+    let t = unsafe { chains(iters) };
+    Some(iters as f64 * 16.0 * 64.0 / t / 1e9)
+}
+
 /// C rows in flight at once: `VDPBF16PS` has a latency of several cycles, so one row's chain of
 /// dependent instructions would leave the unit idle; eight rows give eight independent chains
 /// that share each load of B's pair-row. Each lane's own order (pairs in sequence) is the

@@ -140,7 +140,8 @@ pub fn unit_rates() -> Vec<UnitRate> {
             out.push(UnitRate { what: "AMX 2x2 block product, C = A·B, k = 512, operands in L1", gflops: block_rate::<amx::Amx<false>>(16, 50_000, false, 0) });
             out.push(UnitRate { what: "AMX 2x2 block product, C += A·B, k = 64, operands in L1", gflops: block_rate::<amx::Amx<false>>(2, 400_000, true, 0) });
         }
-        if avx512bf16::detected() {
+        if let Some(g) = (0..5).filter_map(|_| avx512bf16::vdp_peak_gflops(10_000_000)).reduce(f64::max) {
+            out.push(UnitRate { what: "AVX512-BF16 VDPBF16PS zmm alone (16 accumulators, operands in registers)", gflops: g });
             out.push(UnitRate { what: "AVX512-BF16 VDPBF16PS 2x2 block product, k = 128, operands in L1", gflops: block_rate::<avx512bf16::Avx512Bf16>(4, 20_000, true, 0) });
         }
     }
